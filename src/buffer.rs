@@ -1,0 +1,202 @@
+//! [`DeviceMemoryBuffer`]: RAII ownership of one device allocation.
+#![deny(unsafe_code)]
+
+use crate::allocator::{DeviceAllocator, DEFAULT_ALIGNMENT};
+use crate::device::{Device, DeviceIndex, DeviceType};
+use crate::error::{Error, Result};
+use crate::ptr::DevicePtr;
+use crate::registry::DeviceAllocatorRegistry;
+
+/// Owns one allocation and frees it exactly once, on drop.
+///
+/// Move-only. The default value is empty: a null pointer, size 0, no allocator, nothing to
+/// free. Reads and writes are bounds-checked by the allocator; the typed helpers use bytemuck.
+///
+/// ```
+/// # use devalloc::{DeviceAllocatorRegistry, DeviceMemoryBuffer, DeviceType, HostAllocator, DEFAULT_ALIGNMENT};
+/// let registry = DeviceAllocatorRegistry::new();
+/// registry.register_allocator(Box::leak(Box::new(HostAllocator::new())))?;
+/// let mut buf = DeviceMemoryBuffer::create_in(&registry, 16, DeviceType::Cpu, 0, DEFAULT_ALIGNMENT)?;
+/// buf.write_pod(&[1.0f32, 2.0, 3.0, 4.0])?;
+/// assert_eq!(buf.to_vec::<f32>()?, [1.0, 2.0, 3.0, 4.0]);
+/// # Ok::<(), devalloc::Error>(())
+/// ```
+pub struct DeviceMemoryBuffer {
+    ptr: DevicePtr,
+    size: usize,
+    device: Device,
+    allocator: Option<&'static dyn DeviceAllocator>,
+}
+
+impl Default for DeviceMemoryBuffer {
+    fn default() -> Self {
+        DeviceMemoryBuffer {
+            ptr: DevicePtr::NULL,
+            size: 0,
+            device: Device::new(DeviceType::Cpu, 0),
+            allocator: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for DeviceMemoryBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceMemoryBuffer")
+            .field("ptr", &self.ptr)
+            .field("size", &self.size)
+            .field("device", &self.device)
+            .finish()
+    }
+}
+
+impl DeviceMemoryBuffer {
+    /// Allocates `size` bytes on `device_type:index` through the process-wide registry, with
+    /// [`DEFAULT_ALIGNMENT`]; [`Error::NotFound`] when no allocator is registered for the type.
+    pub fn create(size: usize, device_type: DeviceType, index: DeviceIndex) -> Result<Self> {
+        Self::create_aligned(size, device_type, index, DEFAULT_ALIGNMENT)
+    }
+
+    /// Like [`DeviceMemoryBuffer::create`] with an explicit alignment.
+    pub fn create_aligned(
+        size: usize,
+        device_type: DeviceType,
+        index: DeviceIndex,
+        alignment: usize,
+    ) -> Result<Self> {
+        Self::create_in(DeviceAllocatorRegistry::instance(), size, device_type, index, alignment)
+    }
+
+    /// Like [`DeviceMemoryBuffer::create_aligned`] through the given registry.
+    pub fn create_in(
+        registry: &DeviceAllocatorRegistry,
+        size: usize,
+        device_type: DeviceType,
+        index: DeviceIndex,
+        alignment: usize,
+    ) -> Result<Self> {
+        Self::create_with(registry.require(device_type)?, size, index, alignment)
+    }
+
+    /// Allocates through `allocator` directly.
+    pub fn create_with(
+        allocator: &'static dyn DeviceAllocator,
+        size: usize,
+        index: DeviceIndex,
+        alignment: usize,
+    ) -> Result<Self> {
+        let ptr = allocator.allocate(size, index, alignment)?;
+        Ok(DeviceMemoryBuffer {
+            ptr,
+            size,
+            device: Device::new(allocator.device_type(), index),
+            allocator: Some(allocator),
+        })
+    }
+
+    /// The device address (null when empty).
+    pub fn ptr(&self) -> DevicePtr {
+        self.ptr
+    }
+
+    /// Size in bytes.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Whether the buffer holds no allocation.
+    pub fn is_empty(&self) -> bool {
+        self.allocator.is_none()
+    }
+
+    /// The device the memory is on.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The allocator that owns the memory (None when empty).
+    pub fn allocator(&self) -> Option<&'static dyn DeviceAllocator> {
+        self.allocator
+    }
+
+    fn alloc(&self) -> Result<&'static dyn DeviceAllocator> {
+        self.allocator.ok_or_else(|| Error::invalid_argument("the buffer is empty (default or released)"))
+    }
+
+    fn at(&self, offset: usize, len: usize) -> Result<DevicePtr> {
+        if offset.checked_add(len).is_none_or(|end| end > self.size) {
+            return Err(Error::OutOfBounds {
+                device: self.device,
+                what: "a DeviceMemoryBuffer".into(),
+                offset: offset as u64,
+                len: len as u64,
+                size: self.size as u64,
+            });
+        }
+        self.ptr.offset(offset)
+    }
+
+    /// Writes `src` at byte `offset`.
+    pub fn write_at(&mut self, offset: usize, src: &[u8]) -> Result<()> {
+        let a = self.alloc()?;
+        a.copy_host_to_device(self.at(offset, src.len())?, src, self.device.index)
+    }
+
+    /// Reads `dst.len()` bytes from byte `offset`.
+    pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        let a = self.alloc()?;
+        a.copy_device_to_host(dst, self.at(offset, dst.len())?, self.device.index)
+    }
+
+    /// Async twin of [`DeviceMemoryBuffer::read_at`] (the browser's way to read).
+    pub async fn read_at_async(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        let a = self.alloc()?;
+        let ptr = self.at(offset, dst.len())?;
+        a.copy_device_to_host_async(dst, ptr, self.device.index).await
+    }
+
+    /// Writes a slice of plain values at offset 0.
+    pub fn write_pod<T: bytemuck::NoUninit>(&mut self, values: &[T]) -> Result<()> {
+        self.write_at(0, bytemuck::cast_slice(values))
+    }
+
+    /// Reads the whole buffer as values of `T`; its size must be a multiple of `T`'s.
+    pub fn to_vec<T: bytemuck::AnyBitPattern + bytemuck::NoUninit>(&self) -> Result<Vec<T>> {
+        let mut out = self.typed_vec::<T>()?;
+        self.read_at(0, bytemuck::cast_slice_mut(&mut out))?;
+        Ok(out)
+    }
+
+    /// Async twin of [`DeviceMemoryBuffer::to_vec`].
+    pub async fn to_vec_async<T: bytemuck::AnyBitPattern + bytemuck::NoUninit>(&self) -> Result<Vec<T>> {
+        let mut out = self.typed_vec::<T>()?;
+        self.read_at_async(0, bytemuck::cast_slice_mut(&mut out)).await?;
+        Ok(out)
+    }
+
+    fn typed_vec<T: bytemuck::AnyBitPattern>(&self) -> Result<Vec<T>> {
+        let elem = std::mem::size_of::<T>().max(1);
+        if self.size % elem != 0 {
+            return Err(Error::invalid_argument(format!(
+                "a buffer of {} bytes is not a whole number of {}-byte values",
+                self.size, elem
+            )));
+        }
+        Ok(vec![T::zeroed(); self.size / elem])
+    }
+
+    /// Gives up ownership: returns the pointer and size; the caller must deallocate them.
+    pub fn into_raw(mut self) -> (DevicePtr, usize) {
+        self.allocator = None;
+        (self.ptr, self.size)
+    }
+}
+
+impl Drop for DeviceMemoryBuffer {
+    fn drop(&mut self) {
+        if let Some(a) = self.allocator.take() {
+            if let Err(e) = a.deallocate(self.ptr, self.device.index) {
+                log::error!("devalloc: freeing a {}-byte buffer on {}: {e}", self.size, self.device);
+            }
+        }
+    }
+}

@@ -1,0 +1,246 @@
+//! [`HostAllocator`]: host memory behind the [`DeviceAllocator`] contract (`DeviceType::Cpu`).
+//!
+//! Real, aligned host memory (any power-of-two alignment), handed out at virtual addresses
+//! through the generic [`Pool`], so the host allocator keeps exactly the rules the GPU
+//! allocators keep: bounds-checked copies, use-after-free and double-free detection, stats,
+//! planned pools. It is also the reference the conformance suite and the benchmarks compare to.
+#![warn(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+
+use std::alloc::Layout;
+use std::ptr::NonNull;
+use std::sync::RwLock;
+
+use crate::allocator::{check_index, AllocatorStats, DeviceAllocator};
+use crate::device::{Device, DeviceIndex, DeviceType};
+use crate::error::{Error, Result};
+use crate::pool::{Pool, PoolConfig, Storage};
+use crate::ptr::DevicePtr;
+
+/// Alignment every host block has at least (a cache line).
+const MIN_HOST_ALIGNMENT: u64 = 64;
+
+/// One block of host memory. Reads take the lock shared, writes exclusive, so concurrent
+/// copies into one block never race.
+pub struct HostBlock {
+    ptr: NonNull<u8>,
+    layout: Layout,
+    lock: RwLock<()>,
+}
+
+// SAFETY: a HostBlock owns its memory exclusively (like a Box<[u8]>) and every access to that
+// memory goes through `lock`, so it may move to and be shared between threads.
+unsafe impl Send for HostBlock {}
+// SAFETY: see `Send` above: shared access is serialised by `lock`.
+unsafe impl Sync for HostBlock {}
+
+impl HostBlock {
+    fn check(&self, offset: u64, len: usize) -> Result<usize> {
+        let offset = usize::try_from(offset).map_err(|_| Error::invalid_argument("offset exceeds usize"))?;
+        match offset.checked_add(len) {
+            Some(end) if end <= self.layout.size() => Ok(offset),
+            _ => Err(Error::OutOfBounds {
+                device: Device::new(DeviceType::Cpu, 0),
+                what: "a host block".into(),
+                offset: offset as u64,
+                len: len as u64,
+                size: self.layout.size() as u64,
+            }),
+        }
+    }
+}
+
+impl Drop for HostBlock {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` was returned by `alloc_zeroed(self.layout)` and is freed only here.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+/// The [`Storage`] of host memory.
+pub struct HostStorage;
+
+impl Storage for HostStorage {
+    type Block = HostBlock;
+
+    fn device(&self) -> Device {
+        Device::new(DeviceType::Cpu, 0)
+    }
+
+    fn max_block_size(&self) -> u64 {
+        isize::MAX as u64 - (1 << 20)
+    }
+
+    fn alloc(&self, capacity: u64, alignment: u64) -> Result<HostBlock> {
+        let size = usize::try_from(capacity).map_err(|_| Error::invalid_argument("size exceeds usize"))?;
+        let align = usize::try_from(alignment.max(MIN_HOST_ALIGNMENT))
+            .map_err(|_| Error::invalid_argument("alignment exceeds usize"))?;
+        let layout = Layout::from_size_align(size, align)
+            .map_err(|e| Error::invalid_argument(format!("{size} bytes aligned to {align}: {e}")))?;
+        // SAFETY: `layout` has a non-zero size (the pool never asks for 0 bytes).
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(ptr).ok_or_else(|| Error::OutOfMemory {
+            requested: capacity,
+            device: self.device(),
+            detail: "the system allocator returned null".into(),
+        })?;
+        Ok(HostBlock { ptr, layout, lock: RwLock::new(()) })
+    }
+
+    fn write(&self, block: &HostBlock, offset: u64, src: &[u8]) -> Result<()> {
+        let offset = block.check(offset, src.len())?;
+        let _guard = block.lock.write().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: `check` keeps `offset..offset + src.len()` inside the block's allocation; the
+        // write lock excludes every other access to the block; `src` is a distinct borrow, so
+        // the ranges do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), block.ptr.as_ptr().add(offset), src.len()) }
+        Ok(())
+    }
+
+    fn read(&self, block: &HostBlock, offset: u64, dst: &mut [u8]) -> Result<()> {
+        let offset = block.check(offset, dst.len())?;
+        let _guard = block.lock.read().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: in bounds by `check`; the read lock excludes writers; `dst` is an exclusive
+        // borrow distinct from the block's memory.
+        unsafe { std::ptr::copy_nonoverlapping(block.ptr.as_ptr().add(offset), dst.as_mut_ptr(), dst.len()) }
+        Ok(())
+    }
+
+    fn copy(
+        &self,
+        src: &HostBlock,
+        src_offset: u64,
+        dst: &HostBlock,
+        dst_offset: u64,
+        len: u64,
+    ) -> Result<()> {
+        let len = usize::try_from(len).map_err(|_| Error::invalid_argument("length exceeds usize"))?;
+        let so = src.check(src_offset, len)?;
+        let d_o = dst.check(dst_offset, len)?;
+        if std::ptr::eq(src, dst) {
+            let _guard = dst.lock.write().unwrap_or_else(|e| e.into_inner());
+            // SAFETY: both ranges are in bounds of the one block (checked above) and the
+            // write lock is held; `copy` handles overlapping ranges.
+            unsafe { std::ptr::copy(dst.ptr.as_ptr().add(so), dst.ptr.as_ptr().add(d_o), len) }
+            return Ok(());
+        }
+        // Take the two locks in address order so that two opposite copies cannot deadlock.
+        let (_a, _b);
+        if (src as *const HostBlock) < (dst as *const HostBlock) {
+            _a = Some(src.lock.read().unwrap_or_else(|e| e.into_inner()));
+            _b = dst.lock.write().unwrap_or_else(|e| e.into_inner());
+        } else {
+            _b = dst.lock.write().unwrap_or_else(|e| e.into_inner());
+            _a = Some(src.lock.read().unwrap_or_else(|e| e.into_inner()));
+        }
+        // SAFETY: both ranges are in bounds (checked above), the blocks are distinct
+        // allocations, and we hold src's read lock and dst's write lock.
+        unsafe { std::ptr::copy_nonoverlapping(src.ptr.as_ptr().add(so), dst.ptr.as_ptr().add(d_o), len) }
+        Ok(())
+    }
+}
+
+/// Host memory as a [`DeviceAllocator`] for [`DeviceType::Cpu`], with one device (index 0).
+///
+/// By default freed memory goes straight back to the system allocator; with
+/// [`PoolConfig::caching`] freed blocks are kept by size class and reused. Fresh memory is
+/// zeroed; reused cached memory holds its old bytes.
+pub struct HostAllocator {
+    pool: Pool<HostStorage>,
+}
+
+impl Default for HostAllocator {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl HostAllocator {
+    /// A host allocator without caching or limit.
+    pub fn new() -> Self {
+        Self::with_config(PoolConfig::default())
+    }
+
+    /// A host allocator with these pool settings.
+    pub fn with_config(config: PoolConfig) -> Self {
+        HostAllocator { pool: Pool::new(HostStorage, config) }
+    }
+
+    /// The pool behind the allocator: stats, limit, cache, leak report.
+    pub fn pool(&self) -> &Pool<HostStorage> {
+        &self.pool
+    }
+
+    /// Allocates with a label that the leak report shows.
+    pub fn allocate_labeled(&self, nbytes: usize, alignment: usize, label: &str) -> Result<DevicePtr> {
+        self.pool.allocate_labeled(nbytes, alignment, Some(label))
+    }
+
+    fn check(&self, index: DeviceIndex) -> Result<()> {
+        check_index(DeviceType::Cpu, index, 1)
+    }
+}
+
+impl DeviceAllocator for HostAllocator {
+    fn device_type(&self) -> DeviceType {
+        DeviceType::Cpu
+    }
+
+    fn allocate(&self, nbytes: usize, index: DeviceIndex, alignment: usize) -> Result<DevicePtr> {
+        self.check(index)?;
+        self.pool.allocate(nbytes, alignment)
+    }
+
+    fn deallocate(&self, ptr: DevicePtr, index: DeviceIndex) -> Result<()> {
+        self.check(index)?;
+        self.pool.deallocate(ptr)
+    }
+
+    fn copy_host_to_device(&self, dst: DevicePtr, src: &[u8], index: DeviceIndex) -> Result<()> {
+        self.check(index)?;
+        self.pool.write(dst, src)
+    }
+
+    fn copy_device_to_host(&self, dst: &mut [u8], src: DevicePtr, index: DeviceIndex) -> Result<()> {
+        self.check(index)?;
+        self.pool.read(dst, src)
+    }
+
+    fn copy_device_to_device(
+        &self,
+        dst: DevicePtr,
+        dst_index: DeviceIndex,
+        src: DevicePtr,
+        src_index: DeviceIndex,
+        nbytes: usize,
+    ) -> Result<()> {
+        self.check(dst_index)?;
+        self.check(src_index)?;
+        self.pool.copy(dst, src, nbytes)
+    }
+
+    fn init_buffer(&self, memory_id: u32, nbytes: usize, index: DeviceIndex) -> Result<DevicePtr> {
+        self.check(index)?;
+        self.pool.init_buffer(memory_id, nbytes)
+    }
+
+    fn get_offset_address(
+        &self,
+        memory_id: u32,
+        offset: usize,
+        nbytes: usize,
+        index: DeviceIndex,
+    ) -> Result<DevicePtr> {
+        self.check(index)?;
+        self.pool.get_offset_address(memory_id, offset, nbytes)
+    }
+
+    fn release_buffers(&self, index: DeviceIndex) -> Result<()> {
+        self.check(index)?;
+        self.pool.release_buffers()
+    }
+
+    fn stats(&self, index: DeviceIndex) -> Result<AllocatorStats> {
+        self.check(index)?;
+        Ok(self.pool.stats())
+    }
+}

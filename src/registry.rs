@@ -1,0 +1,111 @@
+//! [`DeviceAllocatorRegistry`]: device type -> allocator, and copies between any two devices.
+#![deny(unsafe_code)]
+
+use std::sync::OnceLock;
+
+use crate::allocator::{bounce_copy, DeviceAllocator};
+use crate::device::{Device, DeviceType, NUM_DEVICE_TYPES};
+use crate::error::{Error, Result};
+use crate::ptr::DevicePtr;
+
+/// A fixed-size table from [`DeviceType`] to its allocator.
+///
+/// Lookups read one slot (no allocation, no lock); registration sets a slot once, from any
+/// thread: a second registration for the same type is [`Error::AlreadyRegistered`]. Allocators
+/// are borrowed for `'static` (ExecuTorch's registry keeps raw, non-owning pointers to
+/// singletons): leak a boxed allocator, or use a `static`.
+///
+/// [`DeviceAllocatorRegistry::instance`] is the process-wide registry behind
+/// [`register_device_allocator`] / [`get_device_allocator`]; [`DeviceAllocatorRegistry::new`]
+/// makes independent ones for embedding and tests.
+pub struct DeviceAllocatorRegistry {
+    slots: [OnceLock<&'static dyn DeviceAllocator>; NUM_DEVICE_TYPES],
+}
+
+// On wasm without threads the allocators are not `Sync` (wgpu's web types are not), yet a
+// `static` registry must be; with a single thread nothing can be shared across threads.
+#[cfg(all(web, not(target_feature = "atomics")))]
+#[allow(unsafe_code)]
+// SAFETY: wasm32 without the atomics feature has exactly one thread.
+unsafe impl Sync for DeviceAllocatorRegistry {}
+
+static GLOBAL: DeviceAllocatorRegistry = DeviceAllocatorRegistry::new();
+
+impl Default for DeviceAllocatorRegistry {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl DeviceAllocatorRegistry {
+    /// An empty registry.
+    pub const fn new() -> Self {
+        DeviceAllocatorRegistry { slots: [const { OnceLock::new() }; NUM_DEVICE_TYPES] }
+    }
+
+    /// The process-wide registry.
+    pub fn instance() -> &'static DeviceAllocatorRegistry {
+        &GLOBAL
+    }
+
+    /// Registers `allocator` for its [`DeviceAllocator::device_type`]; once per type.
+    pub fn register_allocator(&self, allocator: &'static dyn DeviceAllocator) -> Result<()> {
+        let device_type = allocator.device_type();
+        self.slots[device_type.table_index()]
+            .set(allocator)
+            .map_err(|_| Error::AlreadyRegistered { device_type })?;
+        log::debug!("devalloc: registered an allocator for {device_type}");
+        Ok(())
+    }
+
+    /// The allocator registered for `device_type`, if any.
+    pub fn get_allocator(&self, device_type: DeviceType) -> Option<&'static dyn DeviceAllocator> {
+        self.slots[device_type.table_index()].get().copied()
+    }
+
+    /// The allocator for `device_type`, or [`Error::NotFound`] saying none is registered.
+    pub fn require(&self, device_type: DeviceType) -> Result<&'static dyn DeviceAllocator> {
+        self.get_allocator(device_type)
+            .ok_or_else(|| Error::not_found(format!("no allocator is registered for {device_type}")))
+    }
+
+    /// Every registered allocator, in [`DeviceType`] order.
+    pub fn allocators(&self) -> impl Iterator<Item = &'static dyn DeviceAllocator> + '_ {
+        self.slots.iter().filter_map(|s| s.get().copied())
+    }
+
+    /// Copies `nbytes` from `src_ptr` on `src` to `dst_ptr` on `dst`: through the allocator's
+    /// own device-to-device copy when both are of one type, else through a host bounce buffer
+    /// in chunks of [`crate::allocator::BOUNCE_CHUNK`] bytes.
+    pub fn copy(
+        &self,
+        dst: Device,
+        dst_ptr: DevicePtr,
+        src: Device,
+        src_ptr: DevicePtr,
+        nbytes: usize,
+    ) -> Result<()> {
+        let d = self.require(dst.device_type)?;
+        let s = self.require(src.device_type)?;
+        if dst.device_type == src.device_type {
+            d.copy_device_to_device(dst_ptr, dst.index, src_ptr, src.index, nbytes)
+        } else {
+            bounce_copy(d, dst.index, dst_ptr, s, src.index, src_ptr, nbytes)
+        }
+    }
+}
+
+/// Registers `allocator` in the process-wide registry.
+pub fn register_device_allocator(allocator: &'static dyn DeviceAllocator) -> Result<()> {
+    DeviceAllocatorRegistry::instance().register_allocator(allocator)
+}
+
+/// The allocator for `device_type` in the process-wide registry, if any.
+pub fn get_device_allocator(device_type: DeviceType) -> Option<&'static dyn DeviceAllocator> {
+    DeviceAllocatorRegistry::instance().get_allocator(device_type)
+}
+
+/// [`DeviceAllocatorRegistry::copy`] on the process-wide registry.
+pub fn copy(dst: Device, dst_ptr: DevicePtr, src: Device, src_ptr: DevicePtr, nbytes: usize) -> Result<()> {
+    DeviceAllocatorRegistry::instance().copy(dst, dst_ptr, src, src_ptr, nbytes)
+}
