@@ -57,6 +57,7 @@
 pub mod allocator;
 pub mod buffer;
 pub mod device;
+pub mod discover;
 pub mod error;
 pub mod host;
 pub mod planned;
@@ -67,6 +68,7 @@ pub mod registry;
 pub use allocator::{AllocatorStats, BoxFuture, DeviceAllocator, DEFAULT_ALIGNMENT};
 pub use buffer::DeviceMemoryBuffer;
 pub use device::{Device, DeviceIndex, DeviceType, NUM_DEVICE_TYPES};
+pub use discover::{describe_device, register_available};
 pub use error::{Error, PointerProblem, Result};
 pub use host::HostAllocator;
 pub use planned::PlannedMemory;
