@@ -27,7 +27,7 @@ fn main() {
     for alloc in registry.allocators() {
         for index in 0..alloc.device_count() as DeviceIndex {
             let device = devalloc::Device::new(alloc.device_type(), index);
-            let name = devalloc::describe_device(alloc, index);
+            let name = alloc.device_name(index);
             match round_trip(alloc, index) {
                 Ok((size, up, down)) => {
                     println!(

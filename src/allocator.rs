@@ -102,6 +102,11 @@ pub trait DeviceAllocator: WasmNotSendSync {
         1
     }
 
+    /// A short human name of device `index` (the adapter's name for wgpu, the GPU's for CUDA).
+    fn device_name(&self, index: DeviceIndex) -> String {
+        Device::new(self.device_type(), index).to_string()
+    }
+
     /// Allocates the pool of memory id `memory_id` of a memory plan, `nbytes` long, on device
     /// `index`: the seed's `init_buffer`. Default: [`Error::NotSupported`].
     fn init_buffer(&self, memory_id: u32, nbytes: usize, index: DeviceIndex) -> Result<DevicePtr> {

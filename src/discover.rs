@@ -2,7 +2,6 @@
 #![deny(unsafe_code)]
 
 use crate::allocator::DeviceAllocator;
-use crate::device::DeviceIndex;
 use crate::host::HostAllocator;
 use crate::registry::DeviceAllocatorRegistry;
 
@@ -21,15 +20,16 @@ pub fn register_available(registry: &DeviceAllocatorRegistry) -> Vec<String> {
     if registry.get_allocator(crate::DeviceType::Cpu).is_none() {
         offer("host memory", Ok(Box::leak(Box::new(HostAllocator::new()))));
     }
+    report.extend(wgpu_backends(registry));
     report
 }
 
-/// A short human description of device `index` of `allocator` (adapter name and backend).
-pub fn describe_device(allocator: &dyn DeviceAllocator, index: DeviceIndex) -> String {
-    match allocator.device_type() {
-        crate::DeviceType::Cpu => {
-            format!("host memory ({} cores)", std::thread::available_parallelism().map_or(1, |n| n.get()))
-        }
-        t => format!("{t} device {index}"),
-    }
+#[cfg(all(feature = "wgpu", native))]
+fn wgpu_backends(registry: &DeviceAllocatorRegistry) -> Vec<String> {
+    crate::wgpu::register_wgpu_backends(registry, &crate::wgpu::WgpuOptions::default())
+}
+
+#[cfg(not(all(feature = "wgpu", native)))]
+fn wgpu_backends(_registry: &DeviceAllocatorRegistry) -> Vec<String> {
+    Vec::new()
 }

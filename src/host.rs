@@ -185,6 +185,11 @@ impl DeviceAllocator for HostAllocator {
         DeviceType::Cpu
     }
 
+    fn device_name(&self, _index: DeviceIndex) -> String {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        format!("host memory ({cores} cores)")
+    }
+
     fn allocate(&self, nbytes: usize, index: DeviceIndex, alignment: usize) -> Result<DevicePtr> {
         self.check(index)?;
         self.pool.allocate(nbytes, alignment)

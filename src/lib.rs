@@ -64,17 +64,21 @@ pub mod planned;
 pub mod pool;
 pub mod ptr;
 pub mod registry;
+#[cfg(feature = "wgpu")]
+pub mod wgpu;
 
 pub use allocator::{AllocatorStats, BoxFuture, DeviceAllocator, DEFAULT_ALIGNMENT};
 pub use buffer::DeviceMemoryBuffer;
 pub use device::{Device, DeviceIndex, DeviceType, NUM_DEVICE_TYPES};
-pub use discover::{describe_device, register_available};
+pub use discover::register_available;
 pub use error::{Error, PointerProblem, Result};
 pub use host::HostAllocator;
 pub use planned::PlannedMemory;
 pub use pool::{Pool, PoolConfig, Storage};
 pub use ptr::DevicePtr;
 pub use registry::{copy, get_device_allocator, register_device_allocator, DeviceAllocatorRegistry};
+#[cfg(feature = "wgpu")]
+pub use wgpu::{WgpuAllocator, WgpuOptions};
 
 /// `Send + Sync` on native; nothing on wasm, where wgpu's web types are neither (as wgpu's own
 /// `WasmNotSendSync`). Every allocator and storage implements it.
