@@ -16,7 +16,7 @@ fn open(backend: wgpu::Backend, options: WgpuOptions) -> Result<Box<dyn DeviceAl
 
 /// Small staging chunks so that multi-chunk, pipelined copies happen at test sizes.
 fn small_chunks(map_mode: MapMode) -> WgpuOptions {
-    WgpuOptions { staging_chunk: 64 << 10, map_mode, ..WgpuOptions::default() }
+    WgpuOptions { staging_chunk: Some(64 << 10), map_mode, ..WgpuOptions::default() }
 }
 
 fn vulkan_staged() -> Result<Box<dyn DeviceAllocator>, String> {

@@ -61,8 +61,10 @@ pub struct WgpuOptions {
     pub map_mode: MapMode,
     /// Usage of device buffers (`COPY_SRC | COPY_DST` are always added).
     pub usage: wgpu::BufferUsages,
-    /// Size of one staging buffer, and so of one chunk of a large copy.
-    pub staging_chunk: u64,
+    /// Size of one staging buffer, and so of one chunk of a large copy. `None`: 2 MiB on CPU
+    /// and integrated adapters (the chunk stays in cache while the other core copies the
+    /// previous one: measured ~2x faster than 8 MiB on lavapipe), 8 MiB on discrete GPUs.
+    pub staging_chunk: Option<u64>,
 }
 
 impl Default for WgpuOptions {
@@ -75,7 +77,7 @@ impl Default for WgpuOptions {
             caching: true,
             map_mode: MapMode::Auto,
             usage: wgpu::BufferUsages::STORAGE,
-            staging_chunk: 8 << 20,
+            staging_chunk: None,
         }
     }
 }
@@ -247,11 +249,16 @@ impl WgpuAllocator {
         route: Route,
         o: &WgpuOptions,
     ) -> Pool<WgpuStorage> {
+        let unified = matches!(
+            device.adapter_info().device_type,
+            wgpu::DeviceType::Cpu | wgpu::DeviceType::IntegratedGpu
+        );
+        let chunk = o.staging_chunk.unwrap_or(if unified { 2 << 20 } else { 8 << 20 });
         let mut usage = o.usage | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
         if route == Route::Direct {
             usage |= wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::MAP_WRITE;
         }
-        let storage = WgpuStorage::new(device, queue, id, usage, route, o.staging_chunk);
+        let storage = WgpuStorage::new(device, queue, id, usage, route, chunk);
         Pool::new(storage, PoolConfig { caching: o.caching, memory_limit: o.memory_limit })
     }
 

@@ -44,6 +44,10 @@ use crate::pool::Storage;
 pub const PIPELINE_DEPTH: usize = 3;
 /// wgpu's copy alignment.
 const COPY_ALIGN: u64 = wgpu::COPY_BUFFER_ALIGNMENT;
+/// Uploads up to this size go through `queue.write_buffer_with` (measured faster below it).
+const SMALL_UPLOAD: u64 = 1 << 20;
+/// Bytes of small uploads after which the queue is flushed.
+const FLUSH_PENDING: u64 = 8 << 20;
 /// Upload staging buffers kept at most (more are made when all are in flight, then dropped).
 const MAX_IDLE_STAGING: usize = 4;
 
@@ -143,6 +147,7 @@ pub struct WgpuStorage {
     max_buffer: u64,
     belt: Arc<Mutex<Belt>>,
     lost: Arc<Mutex<Option<String>>>,
+    pending: std::sync::atomic::AtomicU64,
 }
 
 impl WgpuStorage {
@@ -168,7 +173,19 @@ impl WgpuStorage {
         let info = device.adapter_info();
         let max_buffer = floor4(device.limits().max_buffer_size);
         let chunk = ceil4(chunk.clamp(64 << 10, max_buffer.max(64 << 10)));
-        WgpuStorage { device, queue, id, info, usage, route, chunk, max_buffer, belt: Arc::default(), lost }
+        WgpuStorage {
+            device,
+            queue,
+            id,
+            info,
+            usage,
+            route,
+            chunk,
+            max_buffer,
+            belt: Arc::default(),
+            lost,
+            pending: Default::default(),
+        }
     }
 
     /// The route host<->device copies take.
@@ -196,7 +213,7 @@ impl WgpuStorage {
         let value = f();
         let oom = oom.pop();
         let validation = validation.pop();
-        let caught = pollster::block_on(async { oom.await.or(validation.await) });
+        let caught = resolve(async { oom.await.or(validation.await) });
         match caught {
             None => Ok(value),
             Some(wgpu::Error::OutOfMemory { .. }) => Err(Error::OutOfMemory {
@@ -311,10 +328,27 @@ impl WgpuStorage {
         });
     }
 
-    /// Uploads the bytes of `parts` (concatenated, 4-byte multiple in all) to `dst[at..]`.
+    /// Uploads the bytes of `parts` (concatenated, 4-byte multiple in all) to `dst[at..]`:
+    /// small ones through the queue (wgpu batches them into the next submit), large ones
+    /// through the belt.
     fn upload_aligned(&self, dst: &wgpu::Buffer, at: u64, parts: &[&[u8]]) -> Result<()> {
         let total: u64 = parts.iter().map(|p| p.len() as u64).sum();
         debug_assert!(at % COPY_ALIGN == 0 && total % COPY_ALIGN == 0);
+        let Some(size) = wgpu::BufferSize::new(total) else { return Ok(()) };
+        if total <= SMALL_UPLOAD {
+            return self
+                .scoped("devalloc small upload", total, || {
+                    let Some(mut view) = self.queue.write_buffer_with(dst, at, size) else { return false };
+                    let mut filled = 0;
+                    for p in parts {
+                        view.slice(filled..filled + p.len()).copy_from_slice(p);
+                        filled += p.len();
+                    }
+                    true
+                })?
+                .then(|| self.count_pending(total))
+                .ok_or_else(|| self.backend_error("small upload", "wgpu refused the write"));
+        }
         let mut src = Cursor::new(parts);
         let mut done = 0;
         while done < total {
@@ -369,6 +403,16 @@ impl WgpuStorage {
         let head_keep = &head[..head_len];
         let tail_keep = &tail[4 - tail_len..];
         self.upload_aligned(&block.buffer, a0, &[head_keep, src, tail_keep])
+    }
+
+    /// Small uploads wait in wgpu's queue until the next submit; flush them once enough have
+    /// piled up, so staging memory stays bounded when nothing else submits.
+    fn count_pending(&self, bytes: u64) {
+        let before = self.pending.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+        if before + bytes >= FLUSH_PENDING {
+            self.pending.store(0, std::sync::atomic::Ordering::Relaxed);
+            self.queue.submit([]);
+        }
     }
 
     // ---- downloads ----
@@ -492,20 +536,37 @@ impl WgpuStorage {
     #[cfg(web)]
     fn poll_now(&self) {}
 
-    /// Waits for all submitted work (native); a no-op in the browser.
+    /// Flushes queued uploads and waits for all submitted work (native); in the browser it
+    /// only flushes.
     #[cfg(native)]
     pub(crate) fn synchronize(&self) -> Result<()> {
         self.check_lost()?;
+        self.queue.submit([]);
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
             .map(drop)
             .map_err(|e| self.backend_error("waiting for the device", e))
     }
 
-    /// Waits for all submitted work (native); a no-op in the browser.
+    /// Flushes queued uploads and waits for all submitted work (native); in the browser it
+    /// only flushes.
     #[cfg(web)]
     pub(crate) fn synchronize(&self) -> Result<()> {
-        self.check_lost()
+        self.check_lost()?;
+        self.queue.submit([]);
+        Ok(())
+    }
+}
+
+/// The value of a future that is ready at once (wgpu-core's error scopes are), without the
+/// cost of an executor; blocks on it otherwise.
+#[cfg(native)]
+fn resolve<T>(fut: impl std::future::Future<Output = T>) -> T {
+    let mut fut = std::pin::pin!(fut);
+    let mut cx = std::task::Context::from_waker(Waker::noop());
+    match fut.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(v) => v,
+        std::task::Poll::Pending => pollster::block_on(fut),
     }
 }
 
