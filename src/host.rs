@@ -1,4 +1,4 @@
-//! [`HostAllocator`]: host memory behind the [`DeviceAllocator`] contract (`DeviceType::Cpu`).
+//! [`HostAllocator`]: host memory behind the [`crate::DeviceAllocator`] contract (`DeviceType::Cpu`).
 //!
 //! Real, aligned host memory (any power-of-two alignment), handed out at virtual addresses
 //! through the generic [`Pool`], so the host allocator keeps exactly the rules the GPU
@@ -10,11 +10,10 @@ use std::alloc::Layout;
 use std::ptr::NonNull;
 use std::sync::RwLock;
 
-use crate::allocator::{check_index, AllocatorStats, DeviceAllocator};
-use crate::device::{Device, DeviceIndex, DeviceType};
+use crate::device::{Device, DeviceType};
 use crate::error::{Error, Result};
 use crate::pool::{Pool, PoolConfig, Storage};
-use crate::ptr::DevicePtr;
+use crate::pooled::PooledAllocator;
 
 /// Alignment every host block has at least (a cache line).
 const MIN_HOST_ALIGNMENT: u64 = 64;
@@ -64,6 +63,11 @@ impl Storage for HostStorage {
 
     fn device(&self) -> Device {
         Device::new(DeviceType::Cpu, 0)
+    }
+
+    fn name(&self) -> String {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        format!("host memory ({cores} cores)")
     }
 
     fn max_block_size(&self) -> u64 {
@@ -139,113 +143,28 @@ impl Storage for HostStorage {
     }
 }
 
-/// Host memory as a [`DeviceAllocator`] for [`DeviceType::Cpu`], with one device (index 0).
+/// Host memory as a [`crate::DeviceAllocator`] for [`DeviceType::Cpu`], with one device
+/// (index 0).
 ///
 /// By default freed memory goes straight back to the system allocator; with
 /// [`PoolConfig::caching`] freed blocks are kept by size class and reused. Fresh memory is
 /// zeroed; reused cached memory holds its old bytes.
-pub struct HostAllocator {
-    pool: Pool<HostStorage>,
-}
+pub type HostAllocator = PooledAllocator<HostStorage>;
 
-impl Default for HostAllocator {
+impl Default for PooledAllocator<HostStorage> {
     fn default() -> Self {
-        Self::new()
+        Self::with_config(PoolConfig::default())
     }
 }
 
-impl HostAllocator {
+impl PooledAllocator<HostStorage> {
     /// A host allocator without caching or limit.
     pub fn new() -> Self {
-        Self::with_config(PoolConfig::default())
+        Self::default()
     }
 
     /// A host allocator with these pool settings.
     pub fn with_config(config: PoolConfig) -> Self {
-        HostAllocator { pool: Pool::new(HostStorage, config) }
-    }
-
-    /// The pool behind the allocator: stats, limit, cache, leak report.
-    pub fn pool(&self) -> &Pool<HostStorage> {
-        &self.pool
-    }
-
-    /// Allocates with a label that the leak report shows.
-    pub fn allocate_labeled(&self, nbytes: usize, alignment: usize, label: &str) -> Result<DevicePtr> {
-        self.pool.allocate_labeled(nbytes, alignment, Some(label))
-    }
-
-    fn check(&self, index: DeviceIndex) -> Result<()> {
-        check_index(DeviceType::Cpu, index, 1)
-    }
-}
-
-impl DeviceAllocator for HostAllocator {
-    fn device_type(&self) -> DeviceType {
-        DeviceType::Cpu
-    }
-
-    fn device_name(&self, _index: DeviceIndex) -> String {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        format!("host memory ({cores} cores)")
-    }
-
-    fn allocate(&self, nbytes: usize, index: DeviceIndex, alignment: usize) -> Result<DevicePtr> {
-        self.check(index)?;
-        self.pool.allocate(nbytes, alignment)
-    }
-
-    fn deallocate(&self, ptr: DevicePtr, index: DeviceIndex) -> Result<()> {
-        self.check(index)?;
-        self.pool.deallocate(ptr)
-    }
-
-    fn copy_host_to_device(&self, dst: DevicePtr, src: &[u8], index: DeviceIndex) -> Result<()> {
-        self.check(index)?;
-        self.pool.write(dst, src)
-    }
-
-    fn copy_device_to_host(&self, dst: &mut [u8], src: DevicePtr, index: DeviceIndex) -> Result<()> {
-        self.check(index)?;
-        self.pool.read(dst, src)
-    }
-
-    fn copy_device_to_device(
-        &self,
-        dst: DevicePtr,
-        dst_index: DeviceIndex,
-        src: DevicePtr,
-        src_index: DeviceIndex,
-        nbytes: usize,
-    ) -> Result<()> {
-        self.check(dst_index)?;
-        self.check(src_index)?;
-        self.pool.copy(dst, src, nbytes)
-    }
-
-    fn init_buffer(&self, memory_id: u32, nbytes: usize, index: DeviceIndex) -> Result<DevicePtr> {
-        self.check(index)?;
-        self.pool.init_buffer(memory_id, nbytes)
-    }
-
-    fn get_offset_address(
-        &self,
-        memory_id: u32,
-        offset: usize,
-        nbytes: usize,
-        index: DeviceIndex,
-    ) -> Result<DevicePtr> {
-        self.check(index)?;
-        self.pool.get_offset_address(memory_id, offset, nbytes)
-    }
-
-    fn release_buffers(&self, index: DeviceIndex) -> Result<()> {
-        self.check(index)?;
-        self.pool.release_buffers()
-    }
-
-    fn stats(&self, index: DeviceIndex) -> Result<AllocatorStats> {
-        self.check(index)?;
-        Ok(self.pool.stats())
+        PooledAllocator::from_pools(DeviceType::Cpu, vec![Pool::new(HostStorage, config)])
     }
 }

@@ -62,6 +62,7 @@ pub mod error;
 pub mod host;
 pub mod planned;
 pub mod pool;
+pub mod pooled;
 pub mod ptr;
 pub mod registry;
 #[cfg(feature = "wgpu")]
@@ -75,6 +76,7 @@ pub use error::{Error, PointerProblem, Result};
 pub use host::HostAllocator;
 pub use planned::PlannedMemory;
 pub use pool::{Pool, PoolConfig, Storage};
+pub use pooled::PooledAllocator;
 pub use ptr::DevicePtr;
 pub use registry::{copy, get_device_allocator, register_device_allocator, DeviceAllocatorRegistry};
 #[cfg(feature = "wgpu")]

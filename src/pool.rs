@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::allocator::{check_request, round_up, AllocatorStats, DEFAULT_ALIGNMENT};
+use crate::allocator::{check_request, round_up, AllocatorStats, BoxFuture, DEFAULT_ALIGNMENT};
 use crate::device::Device;
 use crate::error::{Error, PointerProblem, Result};
 use crate::planned::PlanTable;
@@ -55,11 +55,37 @@ pub trait Storage: WasmNotSendSync {
         None
     }
 
+    /// A short human name of the device (adapter or GPU name).
+    fn name(&self) -> String {
+        self.device().to_string()
+    }
+
     /// Writes `src` at `offset` in `block`.
     fn write(&self, block: &Self::Block, offset: u64, src: &[u8]) -> Result<()>;
 
     /// Reads `dst.len()` bytes at `offset` in `block`.
     fn read(&self, block: &Self::Block, offset: u64, dst: &mut [u8]) -> Result<()>;
+
+    /// Async twin of [`Storage::write`] for backends that must not block (the browser).
+    /// Default: the blocking write.
+    fn write_async<'a>(
+        &'a self,
+        block: &'a Self::Block,
+        offset: u64,
+        src: &'a [u8],
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(std::future::ready(self.write(block, offset, src)))
+    }
+
+    /// Async twin of [`Storage::read`]. Default: the blocking read.
+    fn read_async<'a>(
+        &'a self,
+        block: &'a Self::Block,
+        offset: u64,
+        dst: &'a mut [u8],
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(std::future::ready(self.read(block, offset, dst)))
+    }
 
     /// Copies `len` bytes between two blocks of this storage (possibly the same block, with
     /// ranges that may overlap: the result must be as if through a temporary).

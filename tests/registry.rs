@@ -238,13 +238,13 @@ fn cache_limit_and_report() {
     a.deallocate(big, 0).unwrap();
     let r = a.allocate(300 << 10, 0, DEFAULT_ALIGNMENT).unwrap();
     assert_eq!(a.stats(0).unwrap().cached_bytes, 0, "the cached 800 KiB block should have been evicted");
-    let labeled = a.allocate_labeled(77, DEFAULT_ALIGNMENT, "weights").unwrap();
-    let report = a.pool().report();
+    let labeled = a.allocate_labeled(77, 0, DEFAULT_ALIGNMENT, "weights").unwrap();
+    let report = a.report();
     assert!(report.contains("3 live allocation(s)") && report.contains("weights"), "{report}");
     a.deallocate(labeled, 0).unwrap();
     a.deallocate(r, 0).unwrap();
     a.deallocate(q, 0).unwrap();
-    assert!(a.pool().empty_cache() > 0);
+    assert!(a.empty_cache() > 0);
     assert_eq!(a.stats(0).unwrap().reserved_bytes, 0);
 }
 

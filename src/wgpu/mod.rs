@@ -21,10 +21,11 @@ pub mod storage;
 
 use std::ops::Range;
 
-use crate::allocator::{check_index, AllocatorStats, BoxFuture, DeviceAllocator};
+use crate::allocator::DeviceAllocator;
 use crate::device::{Device, DeviceIndex, DeviceType};
 use crate::error::{Error, Result};
 use crate::pool::{Pool, PoolConfig};
+use crate::pooled::PooledAllocator;
 use crate::ptr::DevicePtr;
 use crate::registry::DeviceAllocatorRegistry;
 pub use storage::{Route, WgpuBlock, WgpuStorage};
@@ -131,10 +132,7 @@ impl BufferRange {
 }
 
 /// wgpu device memory behind the [`DeviceAllocator`] contract; see the module docs.
-pub struct WgpuAllocator {
-    device_type: DeviceType,
-    devices: Vec<Pool<WgpuStorage>>,
-}
+pub type WgpuAllocator = PooledAllocator<WgpuStorage>;
 
 fn type_rank(t: wgpu::DeviceType, pref: wgpu::PowerPreference) -> u8 {
     match (t, pref) {
@@ -147,7 +145,7 @@ fn type_rank(t: wgpu::DeviceType, pref: wgpu::PowerPreference) -> u8 {
     }
 }
 
-impl WgpuAllocator {
+impl PooledAllocator<WgpuStorage> {
     /// Opens every adapter of `backend` with default options, blocking (native only).
     #[cfg(native)]
     pub fn new(backend: wgpu::Backend) -> Result<Self> {
@@ -225,9 +223,9 @@ impl WgpuAllocator {
                 info.device_type,
                 info.backend
             );
-            devices.push(Self::pool(device, queue, id, route, &options));
+            devices.push(Self::open_pool(device, queue, id, route, &options));
         }
-        Ok(WgpuAllocator { device_type, devices })
+        Ok(PooledAllocator::from_pools(device_type, devices))
     }
 
     #[cfg(native)]
@@ -242,7 +240,7 @@ impl WgpuAllocator {
         instance.request_adapter(&opts).await.into_iter().collect()
     }
 
-    fn pool(
+    fn open_pool(
         device: wgpu::Device,
         queue: wgpu::Queue,
         id: Device,
@@ -290,75 +288,41 @@ impl WgpuAllocator {
             }
             _ => Route::Staged,
         };
-        Ok(WgpuAllocator { device_type, devices: vec![Self::pool(device, queue, id, route, &options)] })
-    }
-
-    fn dev(&self, index: DeviceIndex) -> Result<&Pool<WgpuStorage>> {
-        check_index(self.device_type, index, self.devices.len())?;
-        Ok(&self.devices[index as usize])
-    }
-
-    /// A pointer of another device of this allocator is reported as such.
-    fn foreign(&self, index: DeviceIndex, ptr: DevicePtr, e: Error) -> Error {
-        if let Error::InvalidPointer { .. } = e {
-            for (j, other) in self.devices.iter().enumerate() {
-                if j != index as usize && other.contains(ptr) {
-                    return Error::InvalidPointer {
-                        ptr,
-                        device: Device::new(self.device_type, index),
-                        problem: crate::PointerProblem::OtherDevice(other.device()),
-                    };
-                }
-            }
-        }
-        e
-    }
-
-    /// The pool of device `index`: stats, limit, cache, leak report.
-    pub fn pool_of(&self, index: DeviceIndex) -> Result<&Pool<WgpuStorage>> {
-        self.dev(index)
+        Ok(PooledAllocator::from_pools(
+            device_type,
+            vec![Self::open_pool(device, queue, id, route, &options)],
+        ))
     }
 
     /// The wgpu device of `index`.
     pub fn device(&self, index: DeviceIndex) -> Result<&wgpu::Device> {
-        Ok(&self.dev(index)?.storage().device)
+        Ok(&self.pool(index)?.storage().device)
     }
 
     /// The wgpu queue of `index`.
     pub fn queue(&self, index: DeviceIndex) -> Result<&wgpu::Queue> {
-        Ok(&self.dev(index)?.storage().queue)
+        Ok(&self.pool(index)?.storage().queue)
     }
 
     /// The adapter behind device `index`.
     pub fn adapter_info(&self, index: DeviceIndex) -> Result<&wgpu::AdapterInfo> {
-        Ok(&self.dev(index)?.storage().info)
+        Ok(&self.pool(index)?.storage().info)
     }
 
     /// The route host<->device copies take on device `index`.
     pub fn route(&self, index: DeviceIndex) -> Result<Route> {
-        Ok(self.dev(index)?.storage().route())
+        Ok(self.pool(index)?.storage().route())
     }
 
     /// The buffer and byte range behind `len` bytes at `ptr`, checked against the allocation.
     pub fn buffer(&self, ptr: DevicePtr, len: u64, index: DeviceIndex) -> Result<BufferRange> {
-        let r = self.dev(index)?.resolve(ptr, len).map_err(|e| self.foreign(index, ptr, e))?;
+        let r = self.pool(index)?.resolve(ptr, len)?;
         Ok(BufferRange { buffer: r.block.buffer().clone(), range: r.offset..r.offset + len })
-    }
-
-    /// Allocates with a label that the leak report shows.
-    pub fn allocate_labeled(
-        &self,
-        nbytes: usize,
-        index: DeviceIndex,
-        alignment: usize,
-        label: &str,
-    ) -> Result<DevicePtr> {
-        self.dev(index)?.allocate_labeled(nbytes, alignment, Some(label))
     }
 
     /// Allocates memory that reads as zeros (a reused buffer is cleared on the GPU).
     pub fn allocate_zeroed(&self, nbytes: usize, index: DeviceIndex, alignment: usize) -> Result<DevicePtr> {
-        let pool = self.dev(index)?;
+        let pool = self.pool(index)?;
         let ptr = pool.allocate(nbytes, alignment)?;
         let r = pool.resolve(ptr, nbytes as u64)?;
         let len = r.block.buffer().size();
@@ -369,117 +333,9 @@ impl WgpuAllocator {
         Ok(ptr)
     }
 
-    /// Frees every cached buffer of every device; returns the bytes given back.
-    pub fn empty_cache(&self) -> u64 {
-        self.devices.iter().map(Pool::empty_cache).sum()
-    }
-
-    /// Sets (or lifts) the memory limit of device `index`.
-    pub fn set_memory_limit(&self, index: DeviceIndex, limit: Option<u64>) -> Result<()> {
-        self.dev(index)?.set_memory_limit(limit);
-        Ok(())
-    }
-
     /// Waits until the GPU has finished all work submitted to device `index`.
     pub fn synchronize(&self, index: DeviceIndex) -> Result<()> {
-        self.dev(index)?.storage().synchronize()
-    }
-
-    /// A readable summary of every device: stats and live allocations.
-    pub fn report(&self) -> String {
-        self.devices.iter().map(Pool::report).collect()
-    }
-}
-
-impl DeviceAllocator for WgpuAllocator {
-    fn device_type(&self) -> DeviceType {
-        self.device_type
-    }
-
-    fn allocate(&self, nbytes: usize, index: DeviceIndex, alignment: usize) -> Result<DevicePtr> {
-        self.dev(index)?.allocate(nbytes, alignment)
-    }
-
-    fn deallocate(&self, ptr: DevicePtr, index: DeviceIndex) -> Result<()> {
-        self.dev(index)?.deallocate(ptr).map_err(|e| self.foreign(index, ptr, e))
-    }
-
-    fn copy_host_to_device(&self, dst: DevicePtr, src: &[u8], index: DeviceIndex) -> Result<()> {
-        self.dev(index)?.write(dst, src).map_err(|e| self.foreign(index, dst, e))
-    }
-
-    fn copy_device_to_host(&self, dst: &mut [u8], src: DevicePtr, index: DeviceIndex) -> Result<()> {
-        self.dev(index)?.read(dst, src).map_err(|e| self.foreign(index, src, e))
-    }
-
-    fn copy_device_to_device(
-        &self,
-        dst: DevicePtr,
-        dst_index: DeviceIndex,
-        src: DevicePtr,
-        src_index: DeviceIndex,
-        nbytes: usize,
-    ) -> Result<()> {
-        if dst_index == src_index {
-            return self.dev(dst_index)?.copy(dst, src, nbytes).map_err(|e| self.foreign(dst_index, dst, e));
-        }
-        self.dev(dst_index)?;
-        self.dev(src_index)?;
-        crate::allocator::bounce_copy(self, dst_index, dst, self, src_index, src, nbytes)
-    }
-
-    fn device_count(&self) -> usize {
-        self.devices.len()
-    }
-
-    fn device_name(&self, index: DeviceIndex) -> String {
-        match self.adapter_info(index) {
-            Ok(i) => format!(
-                "{} ({:?}, {:?})",
-                i.name,
-                i.device_type,
-                self.devices[index as usize].storage().route()
-            ),
-            Err(e) => e.to_string(),
-        }
-    }
-
-    fn init_buffer(&self, memory_id: u32, nbytes: usize, index: DeviceIndex) -> Result<DevicePtr> {
-        self.dev(index)?.init_buffer(memory_id, nbytes)
-    }
-
-    fn get_offset_address(
-        &self,
-        memory_id: u32,
-        offset: usize,
-        nbytes: usize,
-        index: DeviceIndex,
-    ) -> Result<DevicePtr> {
-        self.dev(index)?.get_offset_address(memory_id, offset, nbytes)
-    }
-
-    fn release_buffers(&self, index: DeviceIndex) -> Result<()> {
-        self.dev(index)?.release_buffers()
-    }
-
-    fn stats(&self, index: DeviceIndex) -> Result<AllocatorStats> {
-        Ok(self.dev(index)?.stats())
-    }
-
-    fn copy_device_to_host_async<'a>(
-        &'a self,
-        dst: &'a mut [u8],
-        src: DevicePtr,
-        index: DeviceIndex,
-    ) -> BoxFuture<'a, Result<()>> {
-        Box::pin(async move {
-            if dst.is_empty() {
-                return self.dev(index).map(drop);
-            }
-            let pool = self.dev(index)?;
-            let r = pool.resolve(src, dst.len() as u64).map_err(|e| self.foreign(index, src, e))?;
-            pool.storage().read_async(&r.block, r.offset, dst).await
-        })
+        self.pool(index)?.storage().synchronize()
     }
 }
 

@@ -36,6 +36,7 @@ use std::{
     task::{Context, Poll},
 };
 
+use crate::allocator::BoxFuture;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::pool::Storage;
@@ -513,7 +514,7 @@ impl WgpuStorage {
     }
 
     /// Reads `dst.len()` bytes at `offset` without blocking the thread where that matters.
-    pub(crate) async fn read_async(&self, block: &WgpuBlock, offset: u64, dst: &mut [u8]) -> Result<()> {
+    async fn read_any(&self, block: &WgpuBlock, offset: u64, dst: &mut [u8]) -> Result<()> {
         self.check_lost()?;
         match self.route {
             Route::Direct => self.read_direct(block, offset, dst),
@@ -603,6 +604,19 @@ impl Storage for WgpuStorage {
         self.id
     }
 
+    fn name(&self) -> String {
+        format!("{} ({:?}, {:?})", self.info.name, self.info.device_type, self.route)
+    }
+
+    fn read_async<'a>(
+        &'a self,
+        block: &'a WgpuBlock,
+        offset: u64,
+        dst: &'a mut [u8],
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(self.read_any(block, offset, dst))
+    }
+
     fn granularity(&self) -> u64 {
         COPY_ALIGN
     }
@@ -627,7 +641,7 @@ impl Storage for WgpuStorage {
     }
 
     fn read(&self, block: &WgpuBlock, offset: u64, dst: &mut [u8]) -> Result<()> {
-        pollster::block_on(self.read_async(block, offset, dst))
+        pollster::block_on(self.read_any(block, offset, dst))
     }
 
     fn copy(
