@@ -21,7 +21,32 @@ pub fn register_available(registry: &DeviceAllocatorRegistry) -> Vec<String> {
         offer("host memory", Ok(Box::leak(Box::new(HostAllocator::new()))));
     }
     report.extend(wgpu_backends(registry));
+    report.extend(cuda(registry));
     report
+}
+
+#[cfg(feature = "cuda")]
+fn cuda(registry: &DeviceAllocatorRegistry) -> Vec<String> {
+    if registry.get_allocator(crate::DeviceType::Cuda).is_some() {
+        return vec!["cuda: already registered".into()];
+    }
+    let line = match crate::cuda::CudaAllocator::new() {
+        Ok(a) => {
+            let names: Vec<String> =
+                (0..a.device_count() as crate::DeviceIndex).map(|i| a.device_name(i)).collect();
+            match registry.register_allocator(Box::leak(Box::new(a))) {
+                Ok(()) => format!("cuda: {}", names.join(", ")),
+                Err(e) => format!("cuda: {e}"),
+            }
+        }
+        Err(e) => format!("cuda: not available: {e}"),
+    };
+    vec![line]
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda(_registry: &DeviceAllocatorRegistry) -> Vec<String> {
+    vec!["cuda: not built (enable the `cuda` feature)".into()]
 }
 
 #[cfg(all(feature = "wgpu", native))]

@@ -56,6 +56,8 @@
 
 pub mod allocator;
 pub mod buffer;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod device;
 pub mod discover;
 pub mod error;
@@ -70,6 +72,8 @@ pub mod wgpu;
 
 pub use allocator::{AllocatorStats, BoxFuture, DeviceAllocator, DEFAULT_ALIGNMENT};
 pub use buffer::DeviceMemoryBuffer;
+#[cfg(feature = "cuda")]
+pub use cuda::CudaAllocator;
 pub use device::{Device, DeviceIndex, DeviceType, NUM_DEVICE_TYPES};
 pub use discover::register_available;
 pub use error::{Error, PointerProblem, Result};

@@ -14,7 +14,7 @@ fn cached() -> Result<Box<dyn DeviceAllocator>, String> {
 
 mod plain {
     use super::*;
-    conformance_tests!(plain, required = true);
+    conformance_tests!(plain, conformance::Need::Always);
 
     #[test]
     fn model_check() {
@@ -24,7 +24,7 @@ mod plain {
 
 mod cached {
     use super::*;
-    conformance_tests!(cached, required = true);
+    conformance_tests!(cached, conformance::Need::Always);
 
     #[test]
     fn model_check() {

@@ -35,10 +35,10 @@ fn gl() -> Result<Box<dyn DeviceAllocator>, String> {
     open(wgpu::Backend::Gl, small_chunks(MapMode::Auto))
 }
 
-/// Vulkan is required under CI (lavapipe); GL is tested where the machine has it.
+/// Vulkan (lavapipe) and GL (llvmpipe) are required under CI, skipped with a reason elsewhere.
 mod vulkan_staged {
     use super::*;
-    conformance_tests!(vulkan_staged, required = false);
+    conformance_tests!(vulkan_staged, conformance::Need::InCi);
 
     #[test]
     fn model_check() {
@@ -48,7 +48,7 @@ mod vulkan_staged {
 
 mod vulkan_direct {
     use super::*;
-    conformance_tests!(vulkan_auto, required = false);
+    conformance_tests!(vulkan_auto, conformance::Need::InCi);
 
     #[test]
     fn model_check() {
@@ -58,12 +58,12 @@ mod vulkan_direct {
 
 mod vulkan_uncached {
     use super::*;
-    conformance_tests!(vulkan_uncached, required = false);
+    conformance_tests!(vulkan_uncached, conformance::Need::InCi);
 }
 
 mod gl {
     use super::*;
-    conformance_tests!(gl, required = false);
+    conformance_tests!(gl, conformance::Need::InCi);
 }
 
 fn vulkan(options: WgpuOptions) -> Option<WgpuAllocator> {

@@ -15,9 +15,26 @@ use devalloc::{DeviceAllocator, DeviceIndex, DevicePtr, Error, DEFAULT_ALIGNMENT
 /// Makes a fresh allocator, or says why none can be made on this machine.
 pub type Factory = fn() -> Result<Box<dyn DeviceAllocator>, String>;
 
-/// Runs `check` on every device of a fresh allocator from `make`. A missing allocator is a
-/// skip that says why, except under CI (`CI=true`) or when `required` is set, where it fails.
-pub async fn on_every_device<F, Fut>(name: &str, make: Factory, required: bool, check: F)
+/// When a missing allocator fails the test rather than skipping it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    /// Always there (host memory).
+    Always,
+    /// There on CI machines (lavapipe, llvmpipe, the browser's adapter): a failure under
+    /// `CI=true`, a skip that says why elsewhere.
+    InCi,
+    /// Only on some machines (CUDA): a skip that says why, everywhere.
+    Optional,
+}
+
+/// Whether this run is under CI (`CI=true`).
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// Runs `check` on every device of a fresh allocator from `make`; a missing allocator fails
+/// or skips as `need` says.
+pub async fn on_every_device<F, Fut>(name: &str, make: Factory, need: Need, check: F)
 where
     F: Fn(&'static dyn DeviceAllocator, DeviceIndex) -> Fut,
     Fut: std::future::Future<Output = ()>,
@@ -25,8 +42,9 @@ where
     let alloc: &'static dyn DeviceAllocator = match make() {
         Ok(a) => Box::leak(a),
         Err(why) => {
-            let in_ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
-            if required || in_ci {
+            // scripts/gpu-check sets DEVALLOC_REQUIRE_ALL=1: there, every allocator must exist.
+            let require_all = std::env::var("DEVALLOC_REQUIRE_ALL").is_ok_and(|v| v == "1");
+            if need == Need::Always || (need == Need::InCi && in_ci()) || require_all {
                 panic!("{name}: no allocator on this machine, and it is required here: {why}");
             }
             eprintln!("SKIPPED {name}: did not run: {why}");
@@ -540,28 +558,28 @@ pub fn model_check(make: Factory, cases: u32) {
 /// Emits the suite as tests for one allocator factory: `#[test]` on native, with async checks
 /// driven by `pollster`; `#[wasm_bindgen_test]` in the browser.
 macro_rules! conformance_tests {
-    ($make:expr, required = $required:expr) => {
-        conformance_tests!(@each $make, $required,
+    ($make:expr, $need:expr) => {
+        conformance_tests!(@each $make, $need,
             round_trips, sub_ranges, alignment, stats, bad_inputs, planned, device_to_device, raii_buffer);
         #[cfg(not(target_arch = "wasm32"))]
         #[test]
         fn threads() {
             let _ = env_logger::builder().is_test(true).try_init();
-            pollster::block_on(conformance::on_every_device("threads", $make, $required, conformance::threads));
+            pollster::block_on(conformance::on_every_device("threads", $make, $need, conformance::threads));
         }
     };
-    (@each $make:expr, $required:expr, $($name:ident),*) => {
+    (@each $make:expr, $need:expr, $($name:ident),*) => {
         $(
             #[cfg(not(target_arch = "wasm32"))]
             #[test]
             fn $name() {
                 let _ = env_logger::builder().is_test(true).try_init();
-                pollster::block_on(conformance::on_every_device(stringify!($name), $make, $required, conformance::$name));
+                pollster::block_on(conformance::on_every_device(stringify!($name), $make, $need, conformance::$name));
             }
             #[cfg(target_arch = "wasm32")]
             #[wasm_bindgen_test::wasm_bindgen_test]
             async fn $name() {
-                conformance::on_every_device(stringify!($name), $make, $required, conformance::$name).await;
+                conformance::on_every_device(stringify!($name), $make, $need, conformance::$name).await;
             }
         )*
     };

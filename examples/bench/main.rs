@@ -6,18 +6,24 @@
 //! - the latency of a 4-byte download;
 //! - alloc -> 4-byte upload -> free cycles per second, devalloc's cache vs `create_buffer`.
 //!
-//!     cargo run --release --example bench [-- --quick] [-- --chunk-mib=N] [-- vulkan|gl]
+//! - CUDA (feature `cuda`, where a device is present): devalloc vs cudarc's copies from
+//!   pageable memory, with pinned memory as the ceiling; alloc+free, cached vs the driver.
+//!
+//!     cargo run --release --example bench [--features cuda] [-- --quick] [-- --chunk-mib=N] [-- vulkan|gl|cuda]
 //!
 //! Every figure is a median over repetitions. Each copy counts as done when the data are on
 //! the device (uploads: followed by a device wait) or in host memory (downloads).
+#[cfg(feature = "cuda")]
+mod cuda;
+
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use devalloc::wgpu::{MapMode, Route, WgpuAllocator, WgpuOptions};
 use devalloc::{DeviceAllocator, DEFAULT_ALIGNMENT};
 
-const KIB: usize = 1 << 10;
-const MIB: usize = 1 << 20;
+pub(crate) const KIB: usize = 1 << 10;
+pub(crate) const MIB: usize = 1 << 20;
 
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
@@ -25,7 +31,7 @@ fn median(mut v: Vec<Duration>) -> Duration {
 }
 
 /// Median time of `f` over enough repetitions for `bytes` per call.
-fn time(bytes: usize, quick: bool, mut f: impl FnMut()) -> Duration {
+pub(crate) fn time(bytes: usize, quick: bool, mut f: impl FnMut()) -> Duration {
     f(); // warm up: staging buffers, caches, first-use zeroing
     let budget = if quick { 64 * MIB } else { 768 * MIB };
     let reps = (budget / bytes.max(1)).clamp(5, if quick { 50 } else { 400 });
@@ -40,7 +46,7 @@ fn time(bytes: usize, quick: bool, mut f: impl FnMut()) -> Duration {
     )
 }
 
-fn gbps(bytes: usize, d: Duration) -> f64 {
+pub(crate) fn gbps(bytes: usize, d: Duration) -> f64 {
     bytes as f64 / d.as_secs_f64() / 1e9
 }
 
@@ -270,12 +276,22 @@ fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
 
-fn human(b: usize) -> String {
+pub(crate) fn human(b: usize) -> String {
     if b >= MIB {
         format!("{}M", b / MIB)
     } else {
         format!("{}K", b / KIB)
     }
+}
+
+#[cfg(feature = "cuda")]
+fn run_cuda(quick: bool) {
+    cuda::run(quick);
+}
+
+#[cfg(not(feature = "cuda"))]
+fn run_cuda(_quick: bool) {
+    println!("\n## cuda: not built (run with --features cuda)");
 }
 
 fn main() {
@@ -306,5 +322,8 @@ fn main() {
             Some(dev) => bench_device(name, &dev, quick),
             None => println!("\n## {name}: no adapter"),
         }
+    }
+    if only.is_empty() || only.contains(&"cuda") {
+        run_cuda(quick);
     }
 }
