@@ -475,42 +475,39 @@ impl WgpuStorage {
 
     // ---- the direct route ----
 
-    fn write_direct(&self, block: &WgpuBlock, offset: u64, src: &[u8]) -> Result<()> {
-        let end = offset + src.len() as u64;
-        let (m0, m1) = (offset & !(wgpu::MAP_ALIGNMENT - 1), ceil4(end));
+    /// Maps the aligned range around `offset..offset + len` of the block itself, runs `f` on
+    /// the buffer, that range and the offset of `offset` in it, and unmaps.
+    fn with_mapped(
+        &self,
+        block: &WgpuBlock,
+        mode: wgpu::MapMode,
+        offset: u64,
+        len: usize,
+        f: impl FnOnce(&wgpu::Buffer, Range<u64>, usize) -> std::result::Result<(), wgpu::MapRangeError>,
+    ) -> Result<()> {
+        let range = offset & !(wgpu::MAP_ALIGNMENT - 1)..ceil4(offset + len as u64);
         let _guard = lock(&block.io);
         self.check_lost()?;
-        let slot = self.map(&block.buffer, wgpu::MapMode::Write, m0..m1);
+        let slot = self.map(&block.buffer, mode, range.clone());
         pollster::block_on(self.wait(slot, None))?;
-        let r = block
-            .buffer
-            .get_mapped_range_mut(m0..m1)
-            .map(|mut view| {
-                let at = (offset - m0) as usize;
-                view.slice(at..at + src.len()).copy_from_slice(src);
-            })
-            .map_err(|e| self.backend_error("mapping for write", e));
+        let at = (offset - range.start) as usize;
+        let r = f(&block.buffer, range, at).map_err(|e| self.backend_error("mapping a device buffer", e));
         block.buffer.unmap();
         r
     }
 
+    fn write_direct(&self, block: &WgpuBlock, offset: u64, src: &[u8]) -> Result<()> {
+        self.with_mapped(block, wgpu::MapMode::Write, offset, src.len(), |buffer, range, at| {
+            buffer
+                .get_mapped_range_mut(range)
+                .map(|mut view| view.slice(at..at + src.len()).copy_from_slice(src))
+        })
+    }
+
     fn read_direct(&self, block: &WgpuBlock, offset: u64, dst: &mut [u8]) -> Result<()> {
-        let end = offset + dst.len() as u64;
-        let (m0, m1) = (offset & !(wgpu::MAP_ALIGNMENT - 1), ceil4(end));
-        let _guard = lock(&block.io);
-        self.check_lost()?;
-        let slot = self.map(&block.buffer, wgpu::MapMode::Read, m0..m1);
-        pollster::block_on(self.wait(slot, None))?;
-        let r = block
-            .buffer
-            .get_mapped_range(m0..m1)
-            .map(|view| {
-                let at = (offset - m0) as usize;
-                dst.copy_from_slice(&view[at..at + dst.len()]);
-            })
-            .map_err(|e| self.backend_error("mapping for read", e));
-        block.buffer.unmap();
-        r
+        self.with_mapped(block, wgpu::MapMode::Read, offset, dst.len(), |buffer, range, at| {
+            buffer.get_mapped_range(range).map(|view| dst.copy_from_slice(&view[at..at + dst.len()]))
+        })
     }
 
     /// Reads `dst.len()` bytes at `offset` without blocking the thread where that matters.
