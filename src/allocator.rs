@@ -97,6 +97,19 @@ pub trait DeviceAllocator: WasmNotSendSync {
         Err(self.not_supported("copy_device_to_device"))
     }
 
+    /// Async twin of [`DeviceAllocator::copy_device_to_device`], for copies that must wait on
+    /// the device in the browser (ragged ranges). Default: the blocking copy.
+    fn copy_device_to_device_async<'a>(
+        &'a self,
+        dst: DevicePtr,
+        dst_index: DeviceIndex,
+        src: DevicePtr,
+        src_index: DeviceIndex,
+        nbytes: usize,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(std::future::ready(self.copy_device_to_device(dst, dst_index, src, src_index, nbytes)))
+    }
+
     /// How many devices of its type this allocator serves (indices `0..device_count()`).
     fn device_count(&self) -> usize {
         1
@@ -241,6 +254,33 @@ pub fn bounce_copy(
         let n = (nbytes - done).min(buf.len());
         src_alloc.copy_device_to_host(&mut buf[..n], src.offset(done)?, src_index)?;
         dst_alloc.copy_host_to_device(dst.offset(done)?, &buf[..n], dst_index)?;
+        done += n;
+    }
+    Ok(())
+}
+
+/// Async twin of [`bounce_copy`]: the same chunked host bounce through the async copies, so
+/// it works in the browser.
+pub async fn bounce_copy_async(
+    dst_alloc: &dyn DeviceAllocator,
+    dst_index: DeviceIndex,
+    dst: DevicePtr,
+    src_alloc: &dyn DeviceAllocator,
+    src_index: DeviceIndex,
+    src: DevicePtr,
+    nbytes: usize,
+) -> Result<()> {
+    if nbytes == 0 {
+        return Ok(());
+    }
+    src.offset(nbytes)?;
+    dst.offset(nbytes)?;
+    let mut buf = vec![0u8; nbytes.min(BOUNCE_CHUNK)];
+    let mut done = 0;
+    while done < nbytes {
+        let n = (nbytes - done).min(buf.len());
+        src_alloc.copy_device_to_host_async(&mut buf[..n], src.offset(done)?, src_index).await?;
+        dst_alloc.copy_host_to_device_async(dst.offset(done)?, &buf[..n], dst_index).await?;
         done += n;
     }
     Ok(())

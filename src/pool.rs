@@ -97,6 +97,18 @@ pub trait Storage: WasmNotSendSync {
         dst_offset: u64,
         len: u64,
     ) -> Result<()>;
+
+    /// Async twin of [`Storage::copy`]. Default: the blocking copy.
+    fn copy_async<'a>(
+        &'a self,
+        src: &'a Self::Block,
+        src_offset: u64,
+        dst: &'a Self::Block,
+        dst_offset: u64,
+        len: u64,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(std::future::ready(self.copy(src, src_offset, dst, dst_offset, len)))
+    }
 }
 
 /// Settings of a [`Pool`].
@@ -490,6 +502,16 @@ impl<S: Storage> Pool<S> {
         let s = self.resolve(src, nbytes as u64)?;
         let d = self.resolve(dst, nbytes as u64)?;
         self.storage.copy(&s.block, s.offset, &d.block, d.offset, nbytes as u64)
+    }
+
+    /// Async twin of [`Pool::copy`].
+    pub async fn copy_async(&self, dst: DevicePtr, src: DevicePtr, nbytes: usize) -> Result<()> {
+        if nbytes == 0 {
+            return Ok(());
+        }
+        let s = self.resolve(src, nbytes as u64)?;
+        let d = self.resolve(dst, nbytes as u64)?;
+        self.storage.copy_async(&s.block, s.offset, &d.block, d.offset, nbytes as u64).await
     }
 
     fn take_cache(state: &mut State<S::Block>) -> Vec<S::Block> {

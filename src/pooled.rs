@@ -5,7 +5,9 @@
 //! storage; their constructors live in their own modules.
 #![deny(unsafe_code)]
 
-use crate::allocator::{bounce_copy, check_index, AllocatorStats, BoxFuture, DeviceAllocator};
+use crate::allocator::{
+    bounce_copy, bounce_copy_async, check_index, AllocatorStats, BoxFuture, DeviceAllocator,
+};
 use crate::device::{Device, DeviceIndex, DeviceType};
 use crate::error::{Error, PointerProblem, Result};
 use crate::pool::{Pool, Storage};
@@ -113,6 +115,24 @@ impl<S: Storage> DeviceAllocator for PooledAllocator<S> {
         }
         self.pool(src_index)?;
         bounce_copy(self, dst_index, dst, self, src_index, src, nbytes)
+    }
+
+    fn copy_device_to_device_async<'a>(
+        &'a self,
+        dst: DevicePtr,
+        dst_index: DeviceIndex,
+        src: DevicePtr,
+        src_index: DeviceIndex,
+        nbytes: usize,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            let d = self.pool(dst_index)?;
+            if dst_index == src_index {
+                return d.copy_async(dst, src, nbytes).await.map_err(|e| self.foreign(dst_index, dst, e));
+            }
+            self.pool(src_index)?;
+            bounce_copy_async(self, dst_index, dst, self, src_index, src, nbytes).await
+        })
     }
 
     fn device_count(&self) -> usize {

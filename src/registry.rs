@@ -3,7 +3,7 @@
 
 use std::sync::OnceLock;
 
-use crate::allocator::{bounce_copy, DeviceAllocator};
+use crate::allocator::{bounce_copy, bounce_copy_async, DeviceAllocator};
 use crate::device::{Device, DeviceType, NUM_DEVICE_TYPES};
 use crate::error::{Error, Result};
 use crate::ptr::DevicePtr;
@@ -91,6 +91,24 @@ impl DeviceAllocatorRegistry {
             d.copy_device_to_device(dst_ptr, dst.index, src_ptr, src.index, nbytes)
         } else {
             bounce_copy(d, dst.index, dst_ptr, s, src.index, src_ptr, nbytes)
+        }
+    }
+
+    /// Async twin of [`DeviceAllocatorRegistry::copy`] (the way to copy in the browser).
+    pub async fn copy_async(
+        &self,
+        dst: Device,
+        dst_ptr: DevicePtr,
+        src: Device,
+        src_ptr: DevicePtr,
+        nbytes: usize,
+    ) -> Result<()> {
+        let d = self.require(dst.device_type)?;
+        let s = self.require(src.device_type)?;
+        if dst.device_type == src.device_type {
+            d.copy_device_to_device_async(dst_ptr, dst.index, src_ptr, src.index, nbytes).await
+        } else {
+            bounce_copy_async(d, dst.index, dst_ptr, s, src.index, src_ptr, nbytes).await
         }
     }
 }

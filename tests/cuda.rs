@@ -6,16 +6,14 @@
 #[macro_use]
 mod conformance;
 
-use devalloc::{CudaAllocator, DeviceAllocator, DeviceAllocatorRegistry, DeviceType, Error, PoolConfig};
+use devalloc::{CudaAllocator, DeviceAllocatorRegistry, DeviceType, Error, PoolConfig};
 
-fn cuda() -> Result<Box<dyn DeviceAllocator>, String> {
-    CudaAllocator::new().map(|a| Box::new(a) as Box<dyn DeviceAllocator>).map_err(|e| e.to_string())
+fn cuda() -> conformance::Made {
+    conformance::ready(CudaAllocator::new())
 }
 
-fn cuda_uncached() -> Result<Box<dyn DeviceAllocator>, String> {
-    CudaAllocator::with_config(PoolConfig { caching: false, memory_limit: None })
-        .map(|a| Box::new(a) as Box<dyn DeviceAllocator>)
-        .map_err(|e| e.to_string())
+fn cuda_uncached() -> conformance::Made {
+    conformance::ready(CudaAllocator::with_config(PoolConfig { caching: false, memory_limit: None }))
 }
 
 mod cached {
@@ -24,7 +22,7 @@ mod cached {
 
     #[test]
     fn model_check() {
-        if cuda().is_ok() {
+        if CudaAllocator::new().is_ok() {
             conformance::model_check(cuda, 32);
         } else {
             eprintln!("SKIPPED model_check: did not run: no CUDA driver or device");

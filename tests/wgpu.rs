@@ -8,10 +8,8 @@ mod conformance;
 use devalloc::wgpu::{MapMode, Route, WgpuAllocator, WgpuOptions};
 use devalloc::{DeviceAllocator, DevicePtr, Error, DEFAULT_ALIGNMENT};
 
-fn open(backend: wgpu::Backend, options: WgpuOptions) -> Result<Box<dyn DeviceAllocator>, String> {
-    WgpuAllocator::new_with(backend, options)
-        .map(|a| Box::new(a) as Box<dyn DeviceAllocator>)
-        .map_err(|e| e.to_string())
+fn open(backend: wgpu::Backend, options: WgpuOptions) -> conformance::Made {
+    conformance::ready(WgpuAllocator::new_with(backend, options))
 }
 
 /// Small staging chunks so that multi-chunk, pipelined copies happen at test sizes.
@@ -19,19 +17,19 @@ fn small_chunks(map_mode: MapMode) -> WgpuOptions {
     WgpuOptions { staging_chunk: Some(64 << 10), map_mode, ..WgpuOptions::default() }
 }
 
-fn vulkan_staged() -> Result<Box<dyn DeviceAllocator>, String> {
+fn vulkan_staged() -> conformance::Made {
     open(wgpu::Backend::Vulkan, small_chunks(MapMode::Staged))
 }
 
-fn vulkan_auto() -> Result<Box<dyn DeviceAllocator>, String> {
+fn vulkan_auto() -> conformance::Made {
     open(wgpu::Backend::Vulkan, small_chunks(MapMode::Auto))
 }
 
-fn vulkan_uncached() -> Result<Box<dyn DeviceAllocator>, String> {
+fn vulkan_uncached() -> conformance::Made {
     open(wgpu::Backend::Vulkan, WgpuOptions { caching: false, ..small_chunks(MapMode::Staged) })
 }
 
-fn gl() -> Result<Box<dyn DeviceAllocator>, String> {
+fn gl() -> conformance::Made {
     open(wgpu::Backend::Gl, small_chunks(MapMode::Auto))
 }
 

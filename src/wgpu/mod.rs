@@ -21,12 +21,14 @@ pub mod storage;
 
 use std::ops::Range;
 
+#[cfg(native)]
 use crate::allocator::DeviceAllocator;
 use crate::device::{Device, DeviceIndex, DeviceType};
 use crate::error::{Error, Result};
 use crate::pool::{Pool, PoolConfig};
 use crate::pooled::PooledAllocator;
 use crate::ptr::DevicePtr;
+#[cfg(native)]
 use crate::registry::DeviceAllocatorRegistry;
 pub use storage::{Route, WgpuBlock, WgpuStorage};
 

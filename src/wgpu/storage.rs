@@ -64,10 +64,47 @@ fn ceil4(v: u64) -> u64 {
     (v + COPY_ALIGN - 1) & !(COPY_ALIGN - 1)
 }
 
-/// One wgpu buffer and the lock that orders mapping and ragged writes on it.
+/// A lock that can be held across `.await` without blocking a thread: waiters park their
+/// wakers and are woken when the holder lets go (in the browser there is only one thread).
+#[derive(Default)]
+struct AsyncLock {
+    state: Mutex<(bool, Vec<Waker>)>,
+}
+
+struct AsyncGuard<'a>(&'a AsyncLock);
+
+impl AsyncLock {
+    fn lock(&self) -> impl std::future::Future<Output = AsyncGuard<'_>> + '_ {
+        std::future::poll_fn(move |cx| {
+            let mut s = lock(&self.state);
+            if s.0 {
+                s.1.push(cx.waker().clone());
+                std::task::Poll::Pending
+            } else {
+                s.0 = true;
+                std::task::Poll::Ready(AsyncGuard(self))
+            }
+        })
+    }
+}
+
+impl Drop for AsyncGuard<'_> {
+    fn drop(&mut self) {
+        let waiters = {
+            let mut s = lock(&self.0.state);
+            s.0 = false;
+            std::mem::take(&mut s.1)
+        };
+        waiters.into_iter().for_each(Waker::wake);
+    }
+}
+
+/// One wgpu buffer, the lock that keeps direct mapping away from queued copies, and the one
+/// that keeps two ragged writes to a shared word apart.
 pub struct WgpuBlock {
     buffer: wgpu::Buffer,
     io: Mutex<()>,
+    ragged: AsyncLock,
 }
 
 impl WgpuBlock {
@@ -205,18 +242,11 @@ impl WgpuStorage {
         Error::backend(self.id, format!("{what}: {e}"))
     }
 
-    /// Runs `f` inside out-of-memory and validation error scopes, and turns what they caught
-    /// into devalloc errors.
-    fn scoped<T>(&self, what: &str, requested: u64, f: impl FnOnce() -> T) -> Result<T> {
-        self.check_lost()?;
-        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-        let value = f();
-        let oom = oom.pop();
-        let validation = validation.pop();
-        let caught = resolve(async { oom.await.or(validation.await) });
+    /// Turns what an error scope caught into a devalloc error.
+    #[cfg(native)]
+    fn caught(&self, what: &str, requested: u64, caught: Option<wgpu::Error>) -> Result<()> {
         match caught {
-            None => Ok(value),
+            None => Ok(()),
             Some(wgpu::Error::OutOfMemory { .. }) => Err(Error::OutOfMemory {
                 requested,
                 device: self.id,
@@ -231,6 +261,40 @@ impl WgpuStorage {
                 })
             }
         }
+    }
+
+    /// Runs `f` inside out-of-memory and validation error scopes, and turns what they caught
+    /// into devalloc errors.
+    #[cfg(native)]
+    fn scoped<T>(&self, what: &str, requested: u64, f: impl FnOnce() -> T) -> Result<T> {
+        self.check_lost()?;
+        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let value = f();
+        let oom = oom.pop();
+        let validation = validation.pop();
+        self.caught(what, requested, resolve(async { oom.await.or(validation.await) }))?;
+        Ok(value)
+    }
+
+    /// Runs `f` inside out-of-memory and validation error scopes. In the browser a scope's
+    /// verdict arrives later and nothing may wait for it, so what it catches is logged; the
+    /// sizes and ranges devalloc checks up front keep wgpu from refusing in the first place.
+    #[cfg(web)]
+    fn scoped<T>(&self, what: &str, requested: u64, f: impl FnOnce() -> T) -> Result<T> {
+        self.check_lost()?;
+        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let value = f();
+        let oom = oom.pop();
+        let validation = validation.pop();
+        let (id, what) = (self.id, what.to_string());
+        wasm_bindgen_futures::spawn_local(async move {
+            if let Some(e) = oom.await.or(validation.await) {
+                log::error!("devalloc: {id}: {what} ({requested} bytes): {e}");
+            }
+        });
+        Ok(value)
     }
 
     fn create(
@@ -375,35 +439,73 @@ impl WgpuStorage {
     }
 
     /// Writes `src` at `offset`, keeping the bytes around a ragged range.
-    fn write_staged(&self, block: &WgpuBlock, offset: u64, src: &[u8]) -> Result<()> {
+    async fn write_staged(&self, block: &WgpuBlock, offset: u64, src: &[u8]) -> Result<()> {
         let end = offset + src.len() as u64;
         let (a0, a1) = (floor4(offset), ceil4(end));
         if a0 == offset && a1 == end {
             return self.upload_aligned(&block.buffer, offset, &[src]);
         }
-        // Ragged: read the edge words, merge, write the aligned range. The block lock keeps
-        // two ragged writes that share a word from undoing each other.
-        let _guard = lock(&block.io);
+        // Ragged: read the edge words, merge, write the aligned range. The lock keeps two
+        // ragged writes that share a word from undoing each other.
+        let _guard = block.ragged.lock().await;
         let mut head = [0u8; 4];
         let mut tail = [0u8; 4];
         let head_len = (offset - a0) as usize;
         let tail_len = (a1 - end) as usize;
         if a1 - a0 == 4 {
             // One word holds the whole range.
-            pollster::block_on(self.read_staged(block, a0, &mut head))?;
+            self.read_staged(block, a0, &mut head).await?;
             let mut word = head;
             word[head_len..head_len + src.len()].copy_from_slice(src);
             return self.upload_aligned(&block.buffer, a0, &[&word]);
         }
         if head_len > 0 {
-            pollster::block_on(self.read_staged(block, a0, &mut head))?;
+            self.read_staged(block, a0, &mut head).await?;
         }
         if tail_len > 0 {
-            pollster::block_on(self.read_staged(block, a1 - 4, &mut tail))?;
+            self.read_staged(block, a1 - 4, &mut tail).await?;
         }
         let head_keep = &head[..head_len];
         let tail_keep = &tail[4 - tail_len..];
         self.upload_aligned(&block.buffer, a0, &[head_keep, src, tail_keep])
+    }
+
+    /// Writes `src` at `offset` by whichever route the device takes.
+    async fn write_any(&self, block: &WgpuBlock, offset: u64, src: &[u8]) -> Result<()> {
+        self.check_lost()?;
+        match self.route {
+            Route::Direct => self.write_direct(block, offset, src),
+            Route::Staged => self.write_staged(block, offset, src).await,
+        }
+    }
+
+    /// Copies `len` bytes between blocks, through the host where wgpu cannot (ragged ranges).
+    async fn copy_any(
+        &self,
+        src: &WgpuBlock,
+        src_offset: u64,
+        dst: &WgpuBlock,
+        dst_offset: u64,
+        len: u64,
+    ) -> Result<()> {
+        if (src_offset | dst_offset | len) % COPY_ALIGN == 0 {
+            return self.copy_aligned(src, src_offset, dst, dst_offset, len);
+        }
+        let mut tmp = vec![0u8; len as usize];
+        self.read_any(src, src_offset, &mut tmp).await?;
+        self.write_any(dst, dst_offset, &tmp).await
+    }
+
+    /// The error a blocking call gets in the browser, naming its async twin.
+    #[cfg(web)]
+    fn must_not_block(&self, operation: &'static str, twin: &str) -> Error {
+        Error::NotSupported {
+            operation,
+            device_type: self.id.device_type,
+            reason: format!(
+                "in the browser this has to wait for the GPU and nothing may block: use {twin} (e.g. DeviceAllocator::{twin}(...).await)"
+            ),
+        }
     }
 
     /// Small uploads wait in wgpu's queue until the next submit; flush them once enough have
@@ -626,19 +728,15 @@ impl Storage for WgpuStorage {
         // A buffer starts at offset 0 of its own allocation, which is aligned beyond any
         // power of two devalloc hands out; the pool's virtual address carries the alignment.
         let buffer = self.create("devalloc buffer", capacity, self.usage, false)?;
-        Ok(WgpuBlock { buffer, io: Mutex::new(()) })
+        Ok(WgpuBlock { buffer, io: Mutex::new(()), ragged: AsyncLock::default() })
     }
 
     fn write(&self, block: &WgpuBlock, offset: u64, src: &[u8]) -> Result<()> {
-        self.check_lost()?;
-        match self.route {
-            Route::Direct => self.write_direct(block, offset, src),
-            Route::Staged => self.write_staged(block, offset, src),
-        }
+        self.write_blocking(block, offset, src)
     }
 
     fn read(&self, block: &WgpuBlock, offset: u64, dst: &mut [u8]) -> Result<()> {
-        pollster::block_on(self.read_any(block, offset, dst))
+        self.read_blocking(block, offset, dst)
     }
 
     fn copy(
@@ -649,14 +747,86 @@ impl Storage for WgpuStorage {
         dst_offset: u64,
         len: u64,
     ) -> Result<()> {
+        self.copy_blocking(src, src_offset, dst, dst_offset, len)
+    }
+
+    fn write_async<'a>(
+        &'a self,
+        block: &'a WgpuBlock,
+        offset: u64,
+        src: &'a [u8],
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(self.write_any(block, offset, src))
+    }
+
+    fn copy_async<'a>(
+        &'a self,
+        src: &'a WgpuBlock,
+        src_offset: u64,
+        dst: &'a WgpuBlock,
+        dst_offset: u64,
+        len: u64,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(self.copy_any(src, src_offset, dst, dst_offset, len))
+    }
+}
+
+/// The blocking calls: on native they wait by polling the device; in the browser the ones that
+/// would have to wait are refused with an error that names their async twin.
+impl WgpuStorage {
+    #[cfg(native)]
+    fn write_blocking(&self, block: &WgpuBlock, offset: u64, src: &[u8]) -> Result<()> {
+        pollster::block_on(self.write_any(block, offset, src))
+    }
+
+    #[cfg(native)]
+    fn read_blocking(&self, block: &WgpuBlock, offset: u64, dst: &mut [u8]) -> Result<()> {
+        pollster::block_on(self.read_any(block, offset, dst))
+    }
+
+    #[cfg(native)]
+    fn copy_blocking(&self, src: &WgpuBlock, so: u64, dst: &WgpuBlock, d_o: u64, len: u64) -> Result<()> {
+        pollster::block_on(self.copy_any(src, so, dst, d_o, len))
+    }
+
+    #[cfg(web)]
+    fn write_blocking(&self, block: &WgpuBlock, offset: u64, src: &[u8]) -> Result<()> {
         self.check_lost()?;
-        let aligned = (src_offset | dst_offset | len) % COPY_ALIGN == 0;
-        if !aligned {
-            // wgpu copies 4-byte words only: go through the host for ragged ranges.
-            let mut tmp = vec![0u8; len as usize];
-            self.read(src, src_offset, &mut tmp)?;
-            return self.write(dst, dst_offset, &tmp);
+        let end = offset + src.len() as u64;
+        if offset % COPY_ALIGN != 0 || end % COPY_ALIGN != 0 {
+            return Err(self.must_not_block(
+                "copy_host_to_device of a range not aligned to 4 bytes",
+                "copy_host_to_device_async",
+            ));
         }
+        self.upload_aligned(&block.buffer, offset, &[src])
+    }
+
+    #[cfg(web)]
+    fn read_blocking(&self, _block: &WgpuBlock, _offset: u64, _dst: &mut [u8]) -> Result<()> {
+        Err(self.must_not_block("copy_device_to_host", "copy_device_to_host_async"))
+    }
+
+    #[cfg(web)]
+    fn copy_blocking(&self, src: &WgpuBlock, so: u64, dst: &WgpuBlock, d_o: u64, len: u64) -> Result<()> {
+        if (so | d_o | len) % COPY_ALIGN != 0 {
+            return Err(self.must_not_block(
+                "copy_device_to_device of a range not aligned to 4 bytes",
+                "copy_device_to_device_async",
+            ));
+        }
+        self.copy_aligned(src, so, dst, d_o, len)
+    }
+
+    fn copy_aligned(
+        &self,
+        src: &WgpuBlock,
+        src_offset: u64,
+        dst: &WgpuBlock,
+        dst_offset: u64,
+        len: u64,
+    ) -> Result<()> {
+        self.check_lost()?;
         let same = std::ptr::eq(src, dst);
         // Keep the buffers from being mapped by the direct route while the copy is queued;
         // lock in address order so that two opposite copies cannot deadlock.

@@ -12,8 +12,17 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use devalloc::{DeviceAllocator, DeviceIndex, DevicePtr, Error, DEFAULT_ALIGNMENT};
 
-/// Makes a fresh allocator, or says why none can be made on this machine.
-pub type Factory = fn() -> Result<Box<dyn DeviceAllocator>, String>;
+/// A fresh allocator, or why none can be made on this machine.
+pub type Made = devalloc::BoxFuture<'static, Result<Box<dyn DeviceAllocator>, String>>;
+
+/// Makes a fresh allocator (async: in the browser an adapter can only be opened so).
+pub type Factory = fn() -> Made;
+
+/// A [`Made`] from an allocator made without waiting.
+pub fn ready<A: DeviceAllocator + 'static>(made: Result<A, impl std::fmt::Display>) -> Made {
+    let made = made.map(|a| Box::new(a) as Box<dyn DeviceAllocator>).map_err(|e| e.to_string());
+    Box::pin(std::future::ready(made))
+}
 
 /// When a missing allocator fails the test rather than skipping it.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -39,7 +48,7 @@ where
     F: Fn(&'static dyn DeviceAllocator, DeviceIndex) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
-    let alloc: &'static dyn DeviceAllocator = match make() {
+    let alloc: &'static dyn DeviceAllocator = match make().await {
         Ok(a) => Box::leak(a),
         Err(why) => {
             // scripts/gpu-check sets DEVALLOC_REQUIRE_ALL=1: there, every allocator must exist.
@@ -88,6 +97,22 @@ pub async fn d2h(
         a.copy_device_to_host_async(dst, src, i).await
     } else {
         a.copy_device_to_host(dst, src, i)
+    }
+}
+
+/// Device -> device, blocking or async (see the module docs).
+pub async fn d2d(
+    a: &dyn DeviceAllocator,
+    dst: DevicePtr,
+    di: DeviceIndex,
+    src: DevicePtr,
+    si: DeviceIndex,
+    n: usize,
+) -> devalloc::Result<()> {
+    if use_async() {
+        a.copy_device_to_device_async(dst, di, src, si, n).await
+    } else {
+        a.copy_device_to_device(dst, di, src, si, n)
     }
 }
 
@@ -348,28 +373,28 @@ pub async fn device_to_device(a: &'static dyn DeviceAllocator, i: DeviceIndex) {
     let data = pattern(n, 11);
     h2d(a, src, &data, i).await.unwrap();
     h2d(a, dst, &vec![0u8; n], i).await.unwrap();
-    a.copy_device_to_device(dst, i, src, i, n).unwrap();
+    d2d(a, dst, i, src, i, n).await.unwrap();
     assert!(read(a, dst, n, i).await == data);
     // Ragged sub-range.
-    a.copy_device_to_device(dst.offset(3).unwrap(), i, src.offset(101).unwrap(), i, 777).unwrap();
+    d2d(a, dst.offset(3).unwrap(), i, src.offset(101).unwrap(), i, 777).await.unwrap();
     let mut model = data.clone();
     model[3..780].copy_from_slice(&data[101..878]);
     assert!(read(a, dst, n, i).await == model, "ragged d2d");
     // Overlapping, within one allocation: as if through a temporary.
-    a.copy_device_to_device(src.offset(10).unwrap(), i, src, i, 5000).unwrap();
+    d2d(a, src.offset(10).unwrap(), i, src, i, 5000).await.unwrap();
     let mut m2 = data.clone();
     m2.copy_within(0..5000, 10);
     assert!(read(a, src, n, i).await == m2, "overlapping d2d");
     // Out of bounds and 0 bytes.
-    let e = a.copy_device_to_device(dst.offset(n - 4).unwrap(), i, src, i, 5).unwrap_err();
+    let e = d2d(a, dst.offset(n - 4).unwrap(), i, src, i, 5).await.unwrap_err();
     assert!(matches!(e, Error::OutOfBounds { .. }), "{e}");
-    a.copy_device_to_device(DevicePtr::NULL, i, DevicePtr::NULL, i, 0).unwrap();
+    d2d(a, DevicePtr::NULL, i, DevicePtr::NULL, i, 0).await.unwrap();
     // Across devices of this allocator.
     let count = a.device_count() as DeviceIndex;
     if count >= 2 {
         let j = (i + 1) % count;
         let far = a.allocate(n, j, DEFAULT_ALIGNMENT).unwrap();
-        a.copy_device_to_device(far, j, src, i, n).unwrap();
+        d2d(a, far, j, src, i, n).await.unwrap();
         assert!(read(a, far, n, j).await == m2, "d2d across devices");
         a.deallocate(far, j).unwrap();
     }
@@ -482,7 +507,7 @@ pub fn model_check(make: Factory, cases: u32) {
     let mut runner = TestRunner::new(Config { cases, failure_persistence: None, ..Config::default() });
     runner
         .run(&proptest::collection::vec(op, 1..60), |ops| {
-            let a = make().map_err(TestCaseError::fail)?;
+            let a = pollster::block_on(make()).map_err(TestCaseError::fail)?;
             let a = &*a;
             let mut model: Vec<(DevicePtr, Vec<u8>)> = Vec::new();
             for op in ops {
