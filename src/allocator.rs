@@ -206,7 +206,8 @@ pub fn check_request(nbytes: usize, alignment: usize, device: Device) -> Result<
             "zero-size allocation on {device}: devalloc refuses allocations of 0 bytes"
         )));
     }
-    round_up(nbytes as u64, alignment as u64).ok_or_else(|| {
+    // Rounded in `usize`, so that the same request overflows on 32-bit (wasm) and 64-bit hosts.
+    nbytes.checked_next_multiple_of(alignment).map(|n| n as u64).ok_or_else(|| {
         Error::invalid_argument(format!(
             "{nbytes} bytes rounded up to alignment {alignment} overflows on {device}"
         ))

@@ -67,6 +67,8 @@ pub mod pool;
 pub mod pooled;
 pub mod ptr;
 pub mod registry;
+#[cfg(all(web, feature = "wgpu"))]
+pub mod web;
 #[cfg(feature = "wgpu")]
 pub mod wgpu;
 

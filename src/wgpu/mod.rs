@@ -6,8 +6,8 @@
 //! order: by adapter type (discrete, integrated, virtual, CPU, other; integrated first under
 //! [`wgpu::PowerPreference::LowPower`]), then name, vendor and device id.
 //!
-//! Two ways in: *discovery* ([`WgpuAllocator::new`], [`WgpuAllocator::new_with`],
-//! [`WgpuAllocator::new_async`]) opens every adapter of a backend; *adoption*
+//! Two ways in: *discovery* (`WgpuAllocator::new` and `new_with`, blocking, on native;
+//! [`WgpuAllocator::new_async`] everywhere) opens every adapter of a backend; *adoption*
 //! ([`WgpuAllocator::from_device`]) puts devalloc in front of a `wgpu::Device` and `Queue` an
 //! app already has. [`WgpuAllocator::buffer`] gives back the `wgpu::Buffer` and byte range
 //! behind a [`DevicePtr`], to bind devalloc memory in the app's own pipelines.
@@ -21,7 +21,8 @@ pub mod storage;
 
 use std::ops::Range;
 
-#[cfg(native)]
+// Used by native-only code; named by the docs on every target.
+#[cfg_attr(web, allow(unused_imports))]
 use crate::allocator::DeviceAllocator;
 use crate::device::{Device, DeviceIndex, DeviceType};
 use crate::error::{Error, Result};
@@ -97,7 +98,7 @@ pub fn device_type_of(backend: wgpu::Backend) -> Option<DeviceType> {
     }
 }
 
-/// The wgpu backends devalloc knows, in the order [`register_wgpu_backends`] tries them.
+/// The wgpu backends devalloc knows, in the order `register_wgpu_backends` (native) tries them.
 pub const BACKENDS: [wgpu::Backend; 5] = [
     wgpu::Backend::Vulkan,
     wgpu::Backend::Metal,

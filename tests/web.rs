@@ -1,0 +1,148 @@
+//! The conformance suite in the browser (headless Chromium through wasm-bindgen-test) on the
+//! page's WebGPU adapter, and on host memory; plus browser-only tests: async downloads of
+//! ragged ranges, many overlapping pending downloads, allocation after a failed one, and the
+//! blocking calls refused with an error that names their async twin.
+//!
+//!     CHROMEDRIVER=/usr/bin/chromedriver cargo test --target wasm32-unknown-unknown --test web
+#![cfg(target_arch = "wasm32")]
+
+#[macro_use]
+mod conformance;
+
+use devalloc::wgpu::{WgpuAllocator, WgpuOptions};
+use devalloc::{DeviceAllocator, DevicePtr, Error, HostAllocator, DEFAULT_ALIGNMENT};
+use wasm_bindgen_test::wasm_bindgen_test;
+
+wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
+
+fn webgpu() -> conformance::Made {
+    Box::pin(async {
+        WgpuAllocator::new_async(
+            wgpu::Backend::BrowserWebGpu,
+            WgpuOptions { staging_chunk: Some(64 << 10), ..Default::default() },
+        )
+        .await
+        .map(|a| Box::new(a) as Box<dyn DeviceAllocator>)
+        .map_err(|e| e.to_string())
+    })
+}
+
+fn host() -> conformance::Made {
+    conformance::ready(Ok::<_, String>(HostAllocator::new()))
+}
+
+/// The browser's adapter must be there: a missing one fails, in CI and out of it (these tests
+/// only run in a browser that was started with WebGPU enabled).
+mod webgpu {
+    use super::*;
+    conformance_tests!(webgpu, conformance::Need::Always);
+}
+
+mod host {
+    use super::*;
+    conformance_tests!(host, conformance::Need::Always);
+}
+
+async fn open() -> &'static WgpuAllocator {
+    let a = WgpuAllocator::new_async(wgpu::Backend::BrowserWebGpu, WgpuOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("no WebGPU adapter in this browser: {e}"));
+    Box::leak(Box::new(a))
+}
+
+#[wasm_bindgen_test]
+async fn ragged_async_downloads() {
+    let a = open().await;
+    let n = 10_007;
+    let data: Vec<u8> = (0..n).map(|i| (i * 13 % 251) as u8).collect();
+    let p = a.allocate(n, 0, DEFAULT_ALIGNMENT).unwrap();
+    a.copy_host_to_device_async(p, &data, 0).await.unwrap();
+    for (off, len) in [(1usize, 1usize), (3, 2), (5, 7), (2, 4093), (n - 3, 3), (7, n - 9)] {
+        let mut back = vec![0u8; len];
+        a.copy_device_to_host_async(&mut back, p.offset(off).unwrap(), 0).await.unwrap();
+        assert!(back == data[off..off + len], "ragged read {off}+{len}");
+    }
+    a.deallocate(p, 0).unwrap();
+}
+
+#[wasm_bindgen_test]
+async fn many_overlapping_pending_downloads() {
+    let a = open().await;
+    let n = 64 << 10;
+    let data: Vec<u8> = (0..n).map(|i| (i % 253) as u8).collect();
+    let p = a.allocate(n, 0, DEFAULT_ALIGNMENT).unwrap();
+    a.copy_host_to_device_async(p, &data, 0).await.unwrap();
+    // 32 downloads of overlapping ranges, all pending at once, then awaited together.
+    let mut outs: Vec<(usize, Vec<u8>)> = (0..32).map(|k| (k * 1021, vec![0u8; 9000 + k])).collect();
+    let futures: Vec<_> = outs
+        .iter_mut()
+        .map(|(off, buf)| a.copy_device_to_host_async(buf, p.offset(*off).unwrap(), 0))
+        .collect();
+    for r in join_all(futures).await {
+        r.unwrap();
+    }
+    for (off, buf) in &outs {
+        assert!(buf[..] == data[*off..*off + buf.len()], "download at {off}");
+    }
+    a.deallocate(p, 0).unwrap();
+}
+
+#[wasm_bindgen_test]
+async fn allocation_after_a_failed_one() {
+    let a = open().await;
+    let max = a.device(0).unwrap().limits().max_buffer_size;
+    let e = a.allocate(max as usize + 8, 0, DEFAULT_ALIGNMENT).unwrap_err();
+    assert!(matches!(e, Error::TooLarge { .. }), "{e}");
+    a.set_memory_limit(0, Some(1 << 20)).unwrap();
+    let e = a.allocate(2 << 20, 0, DEFAULT_ALIGNMENT).unwrap_err();
+    assert!(matches!(e, Error::TooLarge { .. }), "{e}");
+    a.set_memory_limit(0, None).unwrap();
+    let p = a.allocate(4096, 0, DEFAULT_ALIGNMENT).unwrap();
+    a.copy_host_to_device_async(p, &[5u8; 4096], 0).await.unwrap();
+    let mut back = vec![0u8; 4096];
+    a.copy_device_to_host_async(&mut back, p, 0).await.unwrap();
+    assert_eq!(back, vec![5u8; 4096]);
+    a.deallocate(p, 0).unwrap();
+}
+
+#[wasm_bindgen_test]
+async fn blocking_calls_name_their_async_twin() {
+    let a = open().await;
+    let p = a.allocate(64, 0, DEFAULT_ALIGNMENT).unwrap();
+    let mut back = [0u8; 8];
+    let e = a.copy_device_to_host(&mut back, p, 0).unwrap_err();
+    assert!(
+        matches!(e, Error::NotSupported { .. }) && e.to_string().contains("copy_device_to_host_async"),
+        "{e}"
+    );
+    let e = a.copy_host_to_device(p.offset(1).unwrap(), &[1, 2], 0).unwrap_err();
+    assert!(e.to_string().contains("copy_host_to_device_async"), "{e}");
+    // Aligned uploads need no waiting and work as they are.
+    a.copy_host_to_device(p, &[7u8; 64], 0).unwrap();
+    let e = a.copy_device_to_device(p.offset(1).unwrap(), 0, p.offset(9).unwrap(), 0, 3).unwrap_err();
+    assert!(e.to_string().contains("copy_device_to_device_async"), "{e}");
+    assert!(matches!(a.deallocate(DevicePtr::new(8), 0), Err(Error::InvalidPointer { .. })));
+    a.deallocate(p, 0).unwrap();
+}
+
+/// Awaits every future (they make progress together: each is polled whenever woken).
+async fn join_all<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut futures: Vec<_> = futures.into_iter().map(Box::pin).collect();
+    let mut out: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        for (f, o) in futures.iter_mut().zip(out.iter_mut()) {
+            if o.is_none() {
+                if let std::task::Poll::Ready(v) = f.as_mut().poll(cx) {
+                    *o = Some(v);
+                }
+            }
+        }
+        if out.iter().all(Option::is_some) {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+    out.into_iter().map(|o| o.expect("all ready")).collect()
+}
