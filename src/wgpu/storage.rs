@@ -401,6 +401,12 @@ impl WgpuStorage {
         debug_assert!(at % COPY_ALIGN == 0 && total % COPY_ALIGN == 0);
         let Some(size) = wgpu::BufferSize::new(total) else { return Ok(()) };
         if total <= SMALL_UPLOAD {
+            if let [whole] = parts {
+                // One slice: hand it to the queue as it is (on the web this skips a copy).
+                self.scoped("devalloc small upload", total, || self.queue.write_buffer(dst, at, whole))?;
+                self.count_pending(total);
+                return Ok(());
+            }
             return self
                 .scoped("devalloc small upload", total, || {
                     let Some(mut view) = self.queue.write_buffer_with(dst, at, size) else { return false };

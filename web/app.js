@@ -1,0 +1,155 @@
+// The devalloc browser demo: initialise, show the adapter, round-trip data, measure upload and
+// download against plain wgpu, and chart allocated vs reserved memory. When done, the title
+// says "devalloc: done" (or "devalloc: failed") and #results holds the figures as JSON.
+import init, { Devalloc } from "./pkg/devalloc.js";
+
+const $ = (id) => document.getElementById(id);
+const results = { ok: false, backend: null, roundTrip: false, bench: [], latencyUs: null, memory: [] };
+const round = (v) => (Number.isInteger(v) ? String(v) : v.toFixed(1));
+const human = (b) => (b >= 1 << 20 ? `${round(b / (1 << 20))} MiB` : b >= 1024 ? `${round(b / 1024)} KiB` : `${b} B`);
+const gb = (v) => (v < 0.1 ? v.toFixed(4) : v.toFixed(2));
+
+function status(text, cls) {
+  const s = $("status");
+  s.textContent = text;
+  s.className = `status ${cls}`;
+}
+
+function showDevice(dv) {
+  const adapter = JSON.parse(dv.adapter());
+  const limits = JSON.parse(dv.limits());
+  const rows = [
+    ["backend", dv.backend === "webgpu" ? "WebGPU" : "WebGL2 (wgpu GL backend)"],
+    ["adapter", adapter.name || "(the browser does not say)"],
+    ["vendor / arch", `${adapter.vendor} / ${adapter.architecture}`],
+    ["type", adapter.deviceType],
+    ["max buffer", human(limits.maxBufferSize)],
+    ["max storage binding", human(limits.maxStorageBufferBindingSize)],
+    ["devices", JSON.parse(dv.devices()).map((d) => d.device).join(", ")],
+  ];
+  $("device").innerHTML = rows.map(([k, v]) => `<dt>${k}</dt><dd>${v}</dd>`).join("");
+  results.backend = dv.backend;
+  results.adapter = adapter;
+}
+
+async function roundTrip(dv) {
+  const n = 1 << 16;
+  const data = Float32Array.from({ length: n }, (_, i) => Math.sin(i) * 1000);
+  const ptr = dv.allocate(n * 4);
+  await dv.write_f32(ptr, data);
+  const back = await dv.read_f32(ptr, n);
+  // A ragged sub-range through an offset pointer.
+  await dv.write(ptr + 3n, new Uint8Array([1, 2, 3, 4, 5]));
+  const bytes = await dv.read(ptr + 1n, 9);
+  dv.free(ptr);
+  const floatsOk = back.length === n && back.every((v, i) => v === data[i]);
+  const raw = new Uint8Array(data.buffer);
+  const expect = [raw[1], raw[2], 1, 2, 3, 4, 5, raw[8], raw[9]];
+  const raggedOk = expect.every((v, i) => bytes[i] === v);
+  let errorOk = false;
+  try { dv.free(ptr); } catch (e) { errorOk = /invalid pointer/.test(e.message); }
+  results.roundTrip = floatsOk && raggedOk && errorOk;
+  $("roundtrip").innerHTML = results.roundTrip
+    ? `<span class="ok">verified</span>: ${n} floats written and read back, a ragged 5-byte write at offset 3 kept its neighbours, a double free was refused with an exception`
+    : `<span class="bad">FAILED</span> (floats ${floatsOk}, ragged ${raggedOk}, double free refused ${errorOk})`;
+}
+
+function drawBars(rows) {
+  const c = $("bw"), g = c.getContext("2d");
+  g.clearRect(0, 0, c.width, c.height);
+  const series = [["upDevalloc", "#2563eb", "up devalloc"], ["upPlain", "#93c5fd", "up plain"], ["downDevalloc", "#f59e0b", "down devalloc"], ["downPlain", "#fcd34d", "down plain"]];
+  const max = Math.max(0.001, ...rows.flatMap((r) => series.map(([k]) => r[k])));
+  const left = 50, bottom = c.height - 30, h = bottom - 30, groupW = (c.width - left - 10) / Math.max(rows.length, 3), barW = groupW / 5;
+  g.font = "12px system-ui"; g.fillStyle = "#6b7280";
+  for (let t = 0; t <= 4; t++) {
+    const y = bottom - (h * t) / 4;
+    g.fillText((max * t / 4).toFixed(2), 4, y + 4);
+    g.strokeStyle = "#eee"; g.beginPath(); g.moveTo(left, y); g.lineTo(c.width, y); g.stroke();
+  }
+  rows.forEach((r, i) => {
+    series.forEach(([k, color], j) => {
+      const v = r[k], bh = (h * v) / max, x = left + i * groupW + j * barW + barW / 2;
+      g.fillStyle = color; g.fillRect(x, bottom - bh, barW - 2, bh);
+    });
+    g.fillStyle = "#1d2330"; g.fillText(human(r.size), left + i * groupW + groupW / 2 - 20, bottom + 16);
+  });
+  series.forEach(([, color, label], j) => { g.fillStyle = color; g.fillRect(left + j * 120, 8, 12, 12); g.fillStyle = "#1d2330"; g.fillText(label, left + j * 120 + 16, 18); });
+}
+
+async function throughput(dv) {
+  const plan = [[4096, 30], [1 << 20, 15], [64 << 20, 5]];
+  for (const [size, reps] of plan) {
+    status(`measuring ${human(size)}…`, "running");
+    const r = JSON.parse(await dv.bench(size, reps));
+    results.bench.push(r);
+    const tb = $("bwtable").tBodies[0];
+    tb.insertAdjacentHTML("beforeend", `<tr><td>${human(size)}</td><td>${gb(r.upDevalloc)}</td><td>${gb(r.upPlain)}</td><td>${gb(r.downDevalloc)}</td><td>${gb(r.downPlain)}</td></tr>`);
+    drawBars(results.bench);
+  }
+  const lat = JSON.parse(await dv.bench(4, 50));
+  results.latencyUs = { devalloc: lat.downMs * 1000, plain: lat.plainDownMs * 1000 };
+  $("latency").textContent = `4-byte download latency: devalloc ${results.latencyUs.devalloc.toFixed(0)} µs, plain wgpu ${results.latencyUs.plain.toFixed(0)} µs (browser timers are coarse)`;
+}
+
+function drawMemory(samples) {
+  const c = $("mem"), g = c.getContext("2d");
+  g.clearRect(0, 0, c.width, c.height);
+  const max = Math.max(1, ...samples.map((s) => s.reserved));
+  const left = 60, bottom = c.height - 20, h = bottom - 20, w = c.width - left - 10;
+  g.font = "12px system-ui"; g.fillStyle = "#6b7280";
+  g.fillText(human(Math.round(max)), 4, 24); g.fillText("0", 40, bottom);
+  const line = (key, color) => {
+    g.strokeStyle = color; g.lineWidth = 2; g.beginPath();
+    samples.forEach((s, i) => { const x = left + (w * i) / Math.max(1, samples.length - 1), y = bottom - (h * s[key]) / max; i ? g.lineTo(x, y) : g.moveTo(x, y); });
+    g.stroke();
+  };
+  line("reserved", "#9ca3af"); line("allocated", "#2563eb");
+  g.fillStyle = "#2563eb"; g.fillText("allocated", left + 10, 14); g.fillStyle = "#9ca3af"; g.fillText("reserved", left + 90, 14);
+}
+
+async function memory(dv) {
+  dv.empty_cache(); // start from nothing: the benchmark's buffers were cached
+  const live = [];
+  let seed = 7;
+  const rnd = (n) => { seed = (seed * 1103515245 + 12345) % 2147483648; return seed % n; };
+  for (let step = 0; step < 120; step++) {
+    if (live.length && (rnd(3) === 0 || live.length > 24)) {
+      dv.free(live.splice(rnd(live.length), 1)[0]);
+    } else {
+      live.push(dv.allocate(1024 * (1 + rnd(4096))));
+    }
+    const s = JSON.parse(dv.stats());
+    results.memory.push({ allocated: s.allocated, reserved: s.reserved });
+    if (step % 10 === 0) { drawMemory(results.memory); await new Promise((r) => setTimeout(r, 0)); }
+  }
+  live.forEach((p) => dv.free(p));
+  const s = JSON.parse(dv.stats());
+  results.memory.push({ allocated: s.allocated, reserved: s.reserved });
+  const freed = dv.empty_cache();
+  results.memory.push({ allocated: 0, reserved: JSON.parse(dv.stats()).reserved });
+  drawMemory(results.memory);
+  results.cache = { hits: s.hits, misses: s.misses, freedOnEmpty: freed };
+  $("memnote").textContent = `cache: ${s.hits} hits / ${s.misses} misses; peak allocated ${human(s.peakAllocated)}, peak reserved ${human(s.peakReserved)}; empty_cache gave back ${human(freed)}`;
+}
+
+async function main() {
+  try {
+    await init();
+    status("opening the GPU…", "running");
+    const dv = await Devalloc.init();
+    showDevice(dv);
+    await roundTrip(dv);
+    await throughput(dv);
+    await memory(dv);
+    results.ok = results.roundTrip && results.bench.every((r) => r.verified && r.upDevalloc > 0 && r.downDevalloc > 0);
+    status(results.ok ? `done on ${dv.backend === "webgpu" ? "WebGPU" : "WebGL2"}` : "done, with failures", results.ok ? "ok" : "bad");
+    document.title = results.ok ? "devalloc: done" : "devalloc: failed";
+  } catch (e) {
+    results.error = String(e && e.message || e);
+    status(`failed: ${results.error}`, "bad");
+    document.title = "devalloc: failed";
+  }
+  $("results").textContent = JSON.stringify(results);
+}
+
+main();
