@@ -6,8 +6,6 @@
 //! traps. Reads return promises: in the browser nothing may block.
 #![deny(unsafe_code)]
 
-use std::sync::Arc;
-
 use js_sys::Promise;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
@@ -48,37 +46,6 @@ impl log::Log for ConsoleLog {
         }
     }
     fn flush(&self) {}
-}
-
-/// Resolves once the GPU has finished all submitted work.
-async fn gpu_idle(queue: &wgpu::Queue) {
-    let (tx, rx) = futures_oneshot();
-    queue.submit([]);
-    queue.on_submitted_work_done(tx);
-    rx.await;
-}
-
-/// A one-shot signal: the closure fires it, the future waits for it.
-fn futures_oneshot() -> (impl FnOnce() + Send + 'static, impl std::future::Future<Output = ()>) {
-    let state: Arc<std::sync::Mutex<(bool, Option<std::task::Waker>)>> = Arc::default();
-    let s2 = Arc::clone(&state);
-    let fire = move || {
-        let mut s = s2.lock().unwrap_or_else(|e| e.into_inner());
-        s.0 = true;
-        if let Some(w) = s.1.take() {
-            w.wake();
-        }
-    };
-    let wait = std::future::poll_fn(move |cx| {
-        let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
-        if s.0 {
-            std::task::Poll::Ready(())
-        } else {
-            s.1 = Some(cx.waker().clone());
-            std::task::Poll::Pending
-        }
-    });
-    (fire, wait)
 }
 
 /// devalloc in the browser: one WgpuAllocator on the page's adapter, registered globally.
@@ -247,7 +214,7 @@ async fn bench(a: &'static WgpuAllocator, size: usize, reps: u32) -> crate::Resu
     for _ in 0..=reps {
         let t = now_ms();
         a.copy_host_to_device_async(p, &data, 0).await?;
-        gpu_idle(&queue).await;
+        a.synchronize_async(0).await?;
         up.push(now_ms() - t);
         let t = now_ms();
         a.copy_device_to_host_async(&mut back, p, 0).await?;
@@ -269,7 +236,7 @@ async fn bench(a: &'static WgpuAllocator, size: usize, reps: u32) -> crate::Resu
     for _ in 0..=reps {
         let t = now_ms();
         queue.write_buffer(&plain, 0, &padded);
-        gpu_idle(&queue).await;
+        a.synchronize_async(0).await?;
         pup.push(now_ms() - t);
         let t = now_ms();
         let staging = device.create_buffer(&wgpu::BufferDescriptor {
@@ -281,9 +248,7 @@ async fn bench(a: &'static WgpuAllocator, size: usize, reps: u32) -> crate::Resu
         let mut enc = device.create_command_encoder(&Default::default());
         enc.copy_buffer_to_buffer(&plain, 0, &staging, 0, padded.len() as u64);
         queue.submit([enc.finish()]);
-        let (tx, rx) = futures_oneshot();
-        staging.map_async(wgpu::MapMode::Read, .., move |_| tx());
-        rx.await;
+        a.map_buffer_async(0, &staging, wgpu::MapMode::Read, 0..padded.len() as u64).await?;
         if let Ok(view) = staging.get_mapped_range(..) {
             back.copy_from_slice(&view[..size]);
         }

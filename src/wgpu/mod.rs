@@ -237,9 +237,17 @@ impl PooledAllocator<WgpuStorage> {
     }
 
     #[cfg(web)]
-    async fn adapters(instance: &wgpu::Instance, _backend: wgpu::Backend) -> Vec<wgpu::Adapter> {
-        // The browser offers one adapter, through request_adapter.
-        let opts = wgpu::RequestAdapterOptions::default();
+    async fn adapters(instance: &wgpu::Instance, backend: wgpu::Backend) -> Vec<wgpu::Adapter> {
+        // The browser offers one adapter, through request_adapter; WebGL2 gives one only for a
+        // surface, so the GL backend gets a 1x1 offscreen canvas.
+        let surface = if backend == wgpu::Backend::Gl {
+            web_sys::OffscreenCanvas::new(1, 1)
+                .ok()
+                .and_then(|c| instance.create_surface(wgpu::SurfaceTarget::OffscreenCanvas(c)).ok())
+        } else {
+            None
+        };
+        let opts = wgpu::RequestAdapterOptions { compatible_surface: surface.as_ref(), ..Default::default() };
         instance.request_adapter(&opts).await.into_iter().collect()
     }
 
@@ -336,7 +344,27 @@ impl PooledAllocator<WgpuStorage> {
         Ok(ptr)
     }
 
-    /// Waits until the GPU has finished all work submitted to device `index`.
+    /// Resolves once the GPU has finished all work submitted to device `index`, without
+    /// blocking (the browser's way to wait; works on every backend).
+    pub async fn synchronize_async(&self, index: DeviceIndex) -> Result<()> {
+        self.pool(index)?.storage().idle().await
+    }
+
+    /// Maps `buffer[range]` of device `index` (an app's own buffer too) and resolves once it
+    /// can be read or written with `get_mapped_range`; on WebGL2 this polls the device as wgpu
+    /// requires there.
+    pub async fn map_buffer_async(
+        &self,
+        index: DeviceIndex,
+        buffer: &wgpu::Buffer,
+        mode: wgpu::MapMode,
+        range: Range<u64>,
+    ) -> Result<()> {
+        self.pool(index)?.storage().map_buffer(buffer, mode, range).await
+    }
+
+    /// Waits until the GPU has finished all work submitted to device `index` (blocking on
+    /// native; in the browser it only flushes: use [`WgpuAllocator::synchronize_async`]).
     pub fn synchronize(&self, index: DeviceIndex) -> Result<()> {
         self.pool(index)?.storage().synchronize()
     }

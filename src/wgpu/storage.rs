@@ -140,7 +140,6 @@ impl Slot {
         }
     }
 
-    #[cfg(native)]
     fn try_take(&self) -> Option<MapResult> {
         lock(&self.state).0.take()
     }
@@ -357,9 +356,21 @@ impl WgpuStorage {
         }
     }
 
+    /// In the browser: WebGPU fires map callbacks from the event loop, so await the slot;
+    /// wgpu's WebGL2 backend fires them only from `device.poll`, so poll and yield to the
+    /// browser (setTimeout 0) until it is filled.
     #[cfg(web)]
     async fn wait_inner(&self, slot: Arc<Slot>, _index: Option<wgpu::SubmissionIndex>) -> MapResult {
-        SlotFuture(slot).await
+        if self.info.backend != wgpu::Backend::Gl {
+            return SlotFuture(slot).await;
+        }
+        loop {
+            self.poll_now();
+            if let Some(r) = slot.try_take() {
+                return r;
+            }
+            yield_to_browser().await;
+        }
     }
 
     // ---- uploads ----
@@ -633,14 +644,34 @@ impl WgpuStorage {
         self.submit("devalloc clear", |enc| enc.clear_buffer(&block.buffer, offset, Some(len))).map(drop)
     }
 
-    /// Runs ready callbacks without waiting (native); in the browser the event loop does it.
-    #[cfg(native)]
+    /// Flushes queued work and resolves once the GPU has finished it, without blocking the
+    /// thread (on every backend, WebGL2 included).
+    pub(crate) async fn idle(&self) -> Result<()> {
+        self.check_lost()?;
+        let slot = Arc::new(Slot::default());
+        let s = Arc::clone(&slot);
+        self.queue.submit([]);
+        self.queue.on_submitted_work_done(move || s.fill(Ok(())));
+        self.wait(slot, None).await
+    }
+
+    /// Maps `buffer[range]` (any buffer of this device) and resolves once it is mapped.
+    pub(crate) async fn map_buffer(
+        &self,
+        buffer: &wgpu::Buffer,
+        mode: wgpu::MapMode,
+        range: Range<u64>,
+    ) -> Result<()> {
+        self.check_lost()?;
+        let slot = self.map(buffer, mode, range);
+        self.wait(slot, None).await
+    }
+
+    /// Runs ready callbacks without waiting (in the browser only WebGL2 needs it; for WebGPU
+    /// it does nothing and the event loop runs them).
     fn poll_now(&self) {
         let _ = self.device.poll(wgpu::PollType::Poll);
     }
-
-    #[cfg(web)]
-    fn poll_now(&self) {}
 
     /// Flushes queued uploads and waits for all submitted work (native); in the browser it
     /// only flushes.
@@ -674,6 +705,26 @@ fn resolve<T>(fut: impl std::future::Future<Output = T>) -> T {
         std::task::Poll::Ready(v) => v,
         std::task::Poll::Pending => pollster::block_on(fut),
     }
+}
+
+/// Lets the browser run its event loop once (a `setTimeout(0)` promise).
+#[cfg(web)]
+async fn yield_to_browser() {
+    use wasm_bindgen::JsCast;
+    let promise = js_sys::Promise::new(&mut |resolve, _reject| {
+        let global = js_sys::global();
+        let set_timeout = js_sys::Reflect::get(&global, &"setTimeout".into())
+            .ok()
+            .and_then(|f| f.dyn_into::<js_sys::Function>().ok());
+        let fired = match set_timeout {
+            Some(f) => f.call2(&global, &resolve, &0.into()).is_ok(),
+            None => false,
+        };
+        if !fired {
+            let _ = resolve.call0(&wasm_bindgen::JsValue::NULL);
+        }
+    });
+    let _ = wasm_bindgen_futures::JsFuture::from(promise).await;
 }
 
 /// Walks a list of byte slices as one stream.
