@@ -47,6 +47,8 @@ pub const PIPELINE_DEPTH: usize = 3;
 const COPY_ALIGN: u64 = wgpu::COPY_BUFFER_ALIGNMENT;
 /// Uploads up to this size go through `queue.write_buffer_with` (measured faster below it).
 const SMALL_UPLOAD: u64 = 1 << 20;
+/// Reads up to this size use small staging buffers of this size.
+const SMALL_DOWNLOAD: u64 = 64 << 10;
 /// Bytes of small uploads after which the queue is flushed.
 const FLUSH_PENDING: u64 = 8 << 20;
 /// Upload staging buffers kept at most (more are made when all are in flight, then dropped).
@@ -168,8 +170,10 @@ impl Future for SlotFuture {
 struct Belt {
     /// Mapped `MAP_WRITE` buffers ready to be written.
     upload_ready: Vec<wgpu::Buffer>,
-    /// Unmapped `MAP_READ` buffers.
+    /// Unmapped `MAP_READ` buffers of a chunk.
     download_idle: Vec<wgpu::Buffer>,
+    /// Unmapped `MAP_READ` buffers for small reads.
+    download_small: Vec<wgpu::Buffer>,
 }
 
 /// wgpu buffers on one device, as a [`Storage`] for the generic pool.
@@ -537,13 +541,20 @@ impl WgpuStorage {
 
     // ---- downloads ----
 
-    fn take_download_staging(&self) -> Result<wgpu::Buffer> {
-        if let Some(b) = lock(&self.belt).download_idle.pop() {
-            return Ok(b);
+    /// An idle download staging buffer for `n` bytes: a small one for small reads (mapping a
+    /// few bytes of a chunk-sized buffer measured slower on lavapipe), else a chunk.
+    fn take_download_staging(&self, n: u64) -> Result<wgpu::Buffer> {
+        let small = n <= SMALL_DOWNLOAD;
+        {
+            let mut belt = lock(&self.belt);
+            let idle = if small { &mut belt.download_small } else { &mut belt.download_idle };
+            if let Some(b) = idle.pop() {
+                return Ok(b);
+            }
         }
         self.create(
             "devalloc download staging",
-            self.chunk,
+            if small { SMALL_DOWNLOAD } else { self.chunk },
             wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             false,
         )
@@ -551,8 +562,10 @@ impl WgpuStorage {
 
     fn return_download_staging(&self, b: wgpu::Buffer) {
         let mut belt = lock(&self.belt);
-        if belt.download_idle.len() < MAX_IDLE_STAGING {
-            belt.download_idle.push(b);
+        let idle =
+            if b.size() <= SMALL_DOWNLOAD { &mut belt.download_small } else { &mut belt.download_idle };
+        if idle.len() < MAX_IDLE_STAGING {
+            idle.push(b);
         }
     }
 
@@ -567,7 +580,7 @@ impl WgpuStorage {
         while pos < total || !inflight.is_empty() {
             while pos < total && inflight.len() < PIPELINE_DEPTH {
                 let n = (total - pos).min(self.chunk);
-                let staging = self.take_download_staging()?;
+                let staging = self.take_download_staging(n)?;
                 let idx = self.submit("devalloc download", |enc| {
                     enc.copy_buffer_to_buffer(&block.buffer, a0 + pos, &staging, 0, n)
                 })?;
