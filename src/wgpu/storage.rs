@@ -266,34 +266,45 @@ impl WgpuStorage {
         }
     }
 
-    /// Runs `f` inside out-of-memory and validation error scopes, and turns what they caught
-    /// into devalloc errors.
+    /// Pushes a validation scope and, inside it, an out-of-memory scope.
+    fn push_scopes(&self) -> (wgpu::ErrorScopeGuard, wgpu::ErrorScopeGuard) {
+        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        (oom, validation)
+    }
+
+    /// Pops the two scopes (innermost first); the future says what either caught.
+    fn pop_scopes(
+        oom: wgpu::ErrorScopeGuard,
+        validation: wgpu::ErrorScopeGuard,
+    ) -> impl std::future::Future<Output = Option<wgpu::Error>> {
+        let oom = oom.pop();
+        let validation = validation.pop();
+        async move { oom.await.or(validation.await) }
+    }
+
+    /// Runs `f` inside error scopes and turns what they caught into devalloc errors.
     #[cfg(native)]
     fn scoped<T>(&self, what: &str, requested: u64, f: impl FnOnce() -> T) -> Result<T> {
         self.check_lost()?;
-        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let (oom, validation) = self.push_scopes();
         let value = f();
-        let oom = oom.pop();
-        let validation = validation.pop();
-        self.caught(what, requested, resolve(async { oom.await.or(validation.await) }))?;
+        self.caught(what, requested, resolve(Self::pop_scopes(oom, validation)))?;
         Ok(value)
     }
 
-    /// Runs `f` inside out-of-memory and validation error scopes. In the browser a scope's
-    /// verdict arrives later and nothing may wait for it, so what it catches is logged; the
-    /// sizes and ranges devalloc checks up front keep wgpu from refusing in the first place.
+    /// Runs `f` inside error scopes. In the browser a scope's verdict arrives later and nothing
+    /// may wait for it, so what it catches is logged; the sizes and ranges devalloc checks up
+    /// front keep wgpu from refusing in the first place.
     #[cfg(web)]
     fn scoped<T>(&self, what: &str, requested: u64, f: impl FnOnce() -> T) -> Result<T> {
         self.check_lost()?;
-        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let (oom, validation) = self.push_scopes();
         let value = f();
-        let oom = oom.pop();
-        let validation = validation.pop();
+        let caught = Self::pop_scopes(oom, validation);
         let (id, what) = (self.id, what.to_string());
         wasm_bindgen_futures::spawn_local(async move {
-            if let Some(e) = oom.await.or(validation.await) {
+            if let Some(e) = caught.await {
                 log::error!("devalloc: {id}: {what} ({requested} bytes): {e}");
             }
         });
