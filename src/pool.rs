@@ -282,7 +282,6 @@ impl<S: Storage> Pool<S> {
                 block
             }
             None => {
-                state.stats.cache_misses += 1;
                 let mut evicted = Vec::new();
                 if let Some(limit) = config.memory_limit {
                     if state.stats.reserved_bytes + capacity > limit {
@@ -313,7 +312,11 @@ impl<S: Storage> Pool<S> {
                 };
                 state = lock(&self.state);
                 match block {
-                    Ok(block) => block,
+                    Ok(block) => {
+                        // A miss counts once the device has handed out the memory.
+                        state.stats.cache_misses += 1;
+                        block
+                    }
                     Err(e) => {
                         state.stats.reserved_bytes -= capacity;
                         return Err(e);

@@ -234,8 +234,10 @@ fn cache_limit_and_report() {
     // The limit: can never fit vs. not now.
     assert!(matches!(a.allocate(2 << 20, 0, DEFAULT_ALIGNMENT), Err(Error::TooLarge { max: 1048576, .. })));
     let big = a.allocate(800 << 10, 0, DEFAULT_ALIGNMENT).unwrap();
+    let before = a.stats(0).unwrap();
     let e = a.allocate(300 << 10, 0, DEFAULT_ALIGNMENT).unwrap_err();
     assert!(matches!(e, Error::OutOfMemory { .. }) && e.to_string().contains("limit"), "{e}");
+    assert_eq!(a.stats(0).unwrap(), before, "a refused allocation changed the stats");
     // Freeing makes room again; the cache is emptied before an allocation is refused.
     a.deallocate(big, 0).unwrap();
     let r = a.allocate(300 << 10, 0, DEFAULT_ALIGNMENT).unwrap();
