@@ -11,7 +11,10 @@ use devalloc::{
 };
 
 fn main() {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    // wgpu's EGL probe logs an error on machines where one of Mesa's drivers is missing even
+    // when GL then works; RUST_LOG overrides this default.
+    let default = "warn,wgpu_hal::gles::egl=off";
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default)).init();
     let registry = DeviceAllocatorRegistry::instance();
 
     println!("devalloc tour: registering every allocator this machine offers\n");
