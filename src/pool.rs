@@ -129,8 +129,6 @@ pub struct Resolved<B> {
     pub block: Arc<B>,
     /// Offset of the pointer from the block's start.
     pub offset: u64,
-    /// Bytes from the pointer to the end of its allocation.
-    pub remaining: u64,
 }
 
 /// A live allocation, as reported by [`Pool::live_allocations`].
@@ -476,7 +474,7 @@ impl<S: Storage> Pool<S> {
                 size: live.size,
             });
         }
-        Ok(Resolved { block: Arc::clone(&live.block), offset, remaining: live.size - offset })
+        Ok(Resolved { block: Arc::clone(&live.block), offset })
     }
 
     /// Writes `src` at `dst`. 0 bytes: Ok without looking at `dst`.

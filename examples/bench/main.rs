@@ -19,7 +19,7 @@ mod cuda;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use devalloc::wgpu::{MapMode, Route, WgpuAllocator, WgpuOptions};
+use devalloc::wgpu::{MapMode, WgpuAllocator, WgpuOptions};
 use devalloc::{DeviceAllocator, DEFAULT_ALIGNMENT};
 
 pub(crate) const KIB: usize = 1 << 10;
@@ -261,10 +261,11 @@ fn bench_device(name: &str, dev: &Dev, quick: bool) {
     }
     let st = a.stats(0).unwrap();
     println!(
-        "\ncache: {} hits / {} misses; route of the staged allocator: {:?}",
+        "\ncache: {} hits / {} misses; routes: staged allocator {:?}, direct allocator {:?}",
         st.cache_hits,
         st.cache_misses,
-        Route::Staged
+        a.route(0).unwrap(),
+        dev.direct.as_ref().map(|d| d.route(0).unwrap())
     );
 }
 

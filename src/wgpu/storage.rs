@@ -719,8 +719,9 @@ impl WgpuStorage {
     }
 }
 
-/// The value of a future that is ready at once (wgpu-core's error scopes are), without the
-/// cost of an executor; blocks on it otherwise.
+/// The value of a future that is ready at once (wgpu-core's error scopes, aligned uploads,
+/// direct-mapped copies; staged reads wait inside their first poll on native), without the
+/// cost of setting up an executor; blocks on it otherwise.
 #[cfg(native)]
 fn resolve<T>(fut: impl std::future::Future<Output = T>) -> T {
     let mut fut = std::pin::pin!(fut);
@@ -857,17 +858,17 @@ impl Storage for WgpuStorage {
 impl WgpuStorage {
     #[cfg(native)]
     fn write_blocking(&self, block: &WgpuBlock, offset: u64, src: &[u8]) -> Result<()> {
-        pollster::block_on(self.write_any(block, offset, src))
+        resolve(self.write_any(block, offset, src))
     }
 
     #[cfg(native)]
     fn read_blocking(&self, block: &WgpuBlock, offset: u64, dst: &mut [u8]) -> Result<()> {
-        pollster::block_on(self.read_any(block, offset, dst))
+        resolve(self.read_any(block, offset, dst))
     }
 
     #[cfg(native)]
     fn copy_blocking(&self, src: &WgpuBlock, so: u64, dst: &WgpuBlock, d_o: u64, len: u64) -> Result<()> {
-        pollster::block_on(self.copy_any(src, so, dst, d_o, len))
+        resolve(self.copy_any(src, so, dst, d_o, len))
     }
 
     #[cfg(web)]
