@@ -5,7 +5,7 @@
 //!     cargo run --release --example compute [vulkan|gl|metal|dx12]
 use std::time::Instant;
 
-use devalloc::wgpu::{WgpuAllocator, WgpuOptions};
+use devalloc::{BindingKind, WgpuAllocator, WgpuOptions};
 use devalloc::{DeviceAllocator, DeviceMemoryBuffer, DEFAULT_ALIGNMENT};
 
 const SHADER: &str = r#"
@@ -66,18 +66,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         compilation_options: Default::default(),
         cache: None,
     });
-    let (pb, xb, yb) = (
-        alloc.buffer(params.ptr(), 16, 0)?,
-        alloc.buffer(x.ptr(), x.size() as u64, 0)?,
-        alloc.buffer(y.ptr(), y.size() as u64, 0)?,
-    );
+    let (pb, xb, yb) = (alloc.buffer(params.ptr(), 0)?, alloc.buffer(x.ptr(), 0)?, alloc.buffer(y.ptr(), 0)?);
     let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
         label: Some("saxpy"),
         layout: &pipeline.get_bind_group_layout(0),
         entries: &[
-            wgpu::BindGroupEntry { binding: 0, resource: wgpu::BindingResource::Buffer(pb.binding()) },
-            wgpu::BindGroupEntry { binding: 1, resource: wgpu::BindingResource::Buffer(xb.binding()) },
-            wgpu::BindGroupEntry { binding: 2, resource: wgpu::BindingResource::Buffer(yb.binding()) },
+            wgpu::BindGroupEntry {
+                binding: 0,
+                resource: wgpu::BindingResource::Buffer(pb.binding(BindingKind::Uniform)?),
+            },
+            wgpu::BindGroupEntry {
+                binding: 1,
+                resource: wgpu::BindingResource::Buffer(xb.binding(BindingKind::Storage)?),
+            },
+            wgpu::BindGroupEntry {
+                binding: 2,
+                resource: wgpu::BindingResource::Buffer(yb.binding(BindingKind::Storage)?),
+            },
         ],
     });
     let groups = n.div_ceil(256);

@@ -1,6 +1,7 @@
 //! The [`DeviceAllocator`] contract every allocator keeps, and its [`AllocatorStats`].
 #![deny(unsafe_code)]
 
+use std::any::Any;
 use std::future::Future;
 use std::pin::Pin;
 
@@ -25,8 +26,12 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
 /// What an allocator holds on one device, in bytes and counts.
 ///
 /// `allocated` counts the bytes callers asked for and still hold; `reserved` counts what the
-/// allocator holds from the device for them, rounding and cached free blocks included.
+/// allocator holds from the device for them, rounding and cached free blocks included. Staging
+/// memory (the host-visible buffers a copy passes through) is counted apart, in
+/// `staging_bytes`. Stats move only when a call succeeds. Marked `non_exhaustive`: start from
+/// `AllocatorStats::default()` when writing an allocator of your own.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct AllocatorStats {
     /// Bytes of live allocations, as requested.
     pub allocated_bytes: u64,
@@ -48,6 +53,9 @@ pub struct AllocatorStats {
     pub cache_hits: u64,
     /// Allocations that had to ask the device.
     pub cache_misses: u64,
+    /// Bytes of staging buffers the allocator holds for copies right now (not part of
+    /// `reserved_bytes`). wgpu's own staging inside `queue.write_buffer` is wgpu's, not counted.
+    pub staging_bytes: u64,
 }
 
 /// The contract of a device memory allocator, after ExecuTorch's `DeviceAllocator`.
@@ -63,7 +71,8 @@ pub struct AllocatorStats {
 /// - a copy of 0 bytes succeeds and does nothing (the pointer is not looked at);
 /// - copies are bounds-checked against the allocation a pointer lies in (offset pointers into
 ///   the middle of an allocation are fine) and are either done whole or not at all;
-/// - a bad pointer, index or size is an error that leaves every other allocation intact.
+/// - a bad pointer, index or size is an error that leaves every other allocation, the data and
+///   the stats as they were.
 ///
 /// Ordering: a copy returns once its data are where they were sent (host copies) or ordered
 /// before every later operation through the same allocator (device copies).
@@ -94,7 +103,7 @@ pub trait DeviceAllocator: WasmNotSendSync {
         nbytes: usize,
     ) -> Result<()> {
         let _ = (dst, dst_index, src, src_index, nbytes);
-        Err(self.not_supported("copy_device_to_device"))
+        Err(not_implemented(self.device_type(), "copy_device_to_device"))
     }
 
     /// Async twin of [`DeviceAllocator::copy_device_to_device`], for copies that must wait on
@@ -110,6 +119,16 @@ pub trait DeviceAllocator: WasmNotSendSync {
         Box::pin(std::future::ready(self.copy_device_to_device(dst, dst_index, src, src_index, nbytes)))
     }
 
+    /// Checks, without moving a byte, that `nbytes` bytes from `ptr` lie in one live allocation
+    /// of device `index`: the same answer a copy of that range would get before it starts.
+    /// Copies that move data in several steps (the registry's host bounce) call it on both ends
+    /// first, so that a bad range changes nothing. Default: Ok for every range (an allocator
+    /// that cannot tell), and then such copies find a bad range only when they reach it.
+    fn check_range(&self, ptr: DevicePtr, nbytes: usize, index: DeviceIndex) -> Result<()> {
+        let _ = (ptr, nbytes, index);
+        Ok(())
+    }
+
     /// How many devices of its type this allocator serves (indices `0..device_count()`).
     fn device_count(&self) -> usize {
         1
@@ -120,15 +139,15 @@ pub trait DeviceAllocator: WasmNotSendSync {
         Device::new(self.device_type(), index).to_string()
     }
 
-    /// Allocates the pool of memory id `memory_id` of a memory plan, `nbytes` long, on device
+    /// Allocates the buffer of memory id `memory_id` of a memory plan, `nbytes` long, on device
     /// `index`: the seed's `init_buffer`. Default: [`Error::NotSupported`].
     fn init_buffer(&self, memory_id: u32, nbytes: usize, index: DeviceIndex) -> Result<DevicePtr> {
         let _ = (memory_id, nbytes, index);
-        Err(self.not_supported("init_buffer"))
+        Err(not_implemented(self.device_type(), "init_buffer"))
     }
 
-    /// The address `offset` bytes into planned pool `memory_id`, checked so that `nbytes`
-    /// bytes from there stay inside the pool. Default: [`Error::NotSupported`].
+    /// The address `offset` bytes into planned buffer `memory_id`, checked so that `nbytes`
+    /// bytes from there stay inside the buffer. Default: [`Error::NotSupported`].
     fn get_offset_address(
         &self,
         memory_id: u32,
@@ -137,11 +156,11 @@ pub trait DeviceAllocator: WasmNotSendSync {
         index: DeviceIndex,
     ) -> Result<DevicePtr> {
         let _ = (memory_id, offset, nbytes, index);
-        Err(self.not_supported("get_offset_address"))
+        Err(not_implemented(self.device_type(), "get_offset_address"))
     }
 
-    /// Frees every planned pool of device `index` (when a model is unloaded). Default: Ok, as
-    /// there are none.
+    /// Frees every planned buffer of device `index` (when a model is unloaded): all of them,
+    /// even when one fails, reporting the first failure. Default: Ok, as there are none.
     fn release_buffers(&self, index: DeviceIndex) -> Result<()> {
         let _ = index;
         Ok(())
@@ -150,7 +169,7 @@ pub trait DeviceAllocator: WasmNotSendSync {
     /// What the allocator holds on device `index`. Default: [`Error::NotSupported`].
     fn stats(&self, index: DeviceIndex) -> Result<AllocatorStats> {
         let _ = index;
-        Err(self.not_supported("stats"))
+        Err(not_implemented(self.device_type(), "stats"))
     }
 
     /// Async twin of [`DeviceAllocator::copy_host_to_device`], for backends that must not block
@@ -175,139 +194,15 @@ pub trait DeviceAllocator: WasmNotSendSync {
         Box::pin(std::future::ready(self.copy_device_to_host(dst, src, index)))
     }
 
-    /// The [`Error::NotSupported`] this allocator returns for `operation`.
-    #[doc(hidden)]
-    fn not_supported(&self, operation: &'static str) -> Error {
-        Error::NotSupported {
-            operation,
-            device_type: self.device_type(),
-            reason: "this allocator does not implement it".into(),
-        }
+    /// The allocator as [`Any`], so that a registry user can get back to its concrete type
+    /// (see [`crate::DeviceAllocatorRegistry::get`]). Default: `None` (not downcastable);
+    /// every built-in allocator returns `Some(self)`.
+    fn as_any(&self) -> Option<&dyn Any> {
+        None
     }
 }
 
-/// Checks that `alignment` is a non-zero power of two.
-pub fn check_alignment(alignment: usize) -> Result<()> {
-    if alignment.is_power_of_two() {
-        Ok(())
-    } else {
-        Err(Error::invalid_argument(format!(
-            "alignment {alignment} is not a power of two (use {DEFAULT_ALIGNMENT} if unsure)"
-        )))
-    }
-}
-
-/// Checks an allocation request: non-zero size, power-of-two alignment, and a size whose
-/// rounding up to the alignment does not overflow. Returns the rounded size.
-pub fn check_request(nbytes: usize, alignment: usize, device: Device) -> Result<u64> {
-    check_alignment(alignment)?;
-    if nbytes == 0 {
-        return Err(Error::invalid_argument(format!(
-            "zero-size allocation on {device}: devalloc refuses allocations of 0 bytes"
-        )));
-    }
-    // Rounded in `usize`, so that the same request overflows on 32-bit (wasm) and 64-bit hosts.
-    nbytes.checked_next_multiple_of(alignment).map(|n| n as u64).ok_or_else(|| {
-        Error::invalid_argument(format!(
-            "{nbytes} bytes rounded up to alignment {alignment} overflows on {device}"
-        ))
-    })
-}
-
-/// `value` rounded up to a multiple of the power of two `align`, or `None` on overflow.
-pub fn round_up(value: u64, align: u64) -> Option<u64> {
-    debug_assert!(align.is_power_of_two());
-    value.checked_add(align - 1).map(|v| v & !(align - 1))
-}
-
-/// Checks `index < count` for an allocator of `device_type`.
-pub fn check_index(device_type: DeviceType, index: DeviceIndex, count: usize) -> Result<()> {
-    if (index as usize) < count {
-        Ok(())
-    } else {
-        Err(Error::NoSuchDevice { device: Device::new(device_type, index), count })
-    }
-}
-
-/// Size of the host bounce buffer used for copies that cross devices through the host.
-pub const BOUNCE_CHUNK: usize = 4 << 20;
-
-/// Copies `nbytes` from one allocator's device to another's through a host buffer of at most
-/// [`BOUNCE_CHUNK`] bytes, so that a copy of a few GiB never needs a few GiB of host memory.
-pub fn bounce_copy(
-    dst_alloc: &dyn DeviceAllocator,
-    dst_index: DeviceIndex,
-    dst: DevicePtr,
-    src_alloc: &dyn DeviceAllocator,
-    src_index: DeviceIndex,
-    src: DevicePtr,
-    nbytes: usize,
-) -> Result<()> {
-    if nbytes == 0 {
-        return Ok(());
-    }
-    // Check both ends before moving a byte, so that a bad range leaves `dst` untouched.
-    src.offset(nbytes)?;
-    dst.offset(nbytes)?;
-    let mut buf = vec![0u8; nbytes.min(BOUNCE_CHUNK)];
-    let mut done = 0;
-    while done < nbytes {
-        let n = (nbytes - done).min(buf.len());
-        src_alloc.copy_device_to_host(&mut buf[..n], src.offset(done)?, src_index)?;
-        dst_alloc.copy_host_to_device(dst.offset(done)?, &buf[..n], dst_index)?;
-        done += n;
-    }
-    Ok(())
-}
-
-/// Async twin of [`bounce_copy`]: the same chunked host bounce through the async copies, so
-/// it works in the browser.
-pub async fn bounce_copy_async(
-    dst_alloc: &dyn DeviceAllocator,
-    dst_index: DeviceIndex,
-    dst: DevicePtr,
-    src_alloc: &dyn DeviceAllocator,
-    src_index: DeviceIndex,
-    src: DevicePtr,
-    nbytes: usize,
-) -> Result<()> {
-    if nbytes == 0 {
-        return Ok(());
-    }
-    src.offset(nbytes)?;
-    dst.offset(nbytes)?;
-    let mut buf = vec![0u8; nbytes.min(BOUNCE_CHUNK)];
-    let mut done = 0;
-    while done < nbytes {
-        let n = (nbytes - done).min(buf.len());
-        src_alloc.copy_device_to_host_async(&mut buf[..n], src.offset(done)?, src_index).await?;
-        dst_alloc.copy_host_to_device_async(dst.offset(done)?, &buf[..n], dst_index).await?;
-        done += n;
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn requests_are_checked() {
-        let d = Device::new(DeviceType::Cpu, 0);
-        assert_eq!(check_request(1, 256, d).unwrap(), 256);
-        assert_eq!(check_request(257, 256, d).unwrap(), 512);
-        for bad_align in [0, 3, 6, 100] {
-            assert!(matches!(check_request(8, bad_align, d), Err(Error::InvalidArgument { .. })));
-        }
-        assert!(check_request(0, 8, d).unwrap_err().to_string().contains("zero-size"));
-        let e = check_request(usize::MAX - 2, 1 << 12, d).unwrap_err();
-        assert!(e.to_string().contains("overflows"), "{e}");
-    }
-
-    #[test]
-    fn index_is_checked() {
-        assert!(check_index(DeviceType::Cuda, 0, 1).is_ok());
-        let e = check_index(DeviceType::Cuda, 1, 1).unwrap_err();
-        assert_eq!(e.to_string(), "no device cuda:1: this allocator has 1 cuda device(s)");
-    }
+/// The error of a trait method an allocator does not implement.
+fn not_implemented(device_type: DeviceType, operation: &'static str) -> Error {
+    Error::NotSupported { operation, device_type, reason: "this allocator does not implement it".into() }
 }

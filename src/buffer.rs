@@ -9,7 +9,7 @@ use crate::registry::DeviceAllocatorRegistry;
 
 /// Owns one allocation and frees it exactly once, on drop.
 ///
-/// Move-only. The default value is empty: a null pointer, size 0, no allocator, nothing to
+/// Move-only; it borrows its allocator for `'a` (`'static` for one from a registry). The default value is empty: a null pointer, size 0, no allocator, nothing to
 /// free. Reads and writes are bounds-checked by the allocator; the typed helpers use bytemuck.
 ///
 /// ```
@@ -21,14 +21,14 @@ use crate::registry::DeviceAllocatorRegistry;
 /// assert_eq!(buf.to_vec::<f32>()?, [1.0, 2.0, 3.0, 4.0]);
 /// # Ok::<(), devalloc::Error>(())
 /// ```
-pub struct DeviceMemoryBuffer {
+pub struct DeviceMemoryBuffer<'a> {
     ptr: DevicePtr,
     size: usize,
     device: Device,
-    allocator: Option<&'static dyn DeviceAllocator>,
+    allocator: Option<&'a dyn DeviceAllocator>,
 }
 
-impl Default for DeviceMemoryBuffer {
+impl Default for DeviceMemoryBuffer<'_> {
     fn default() -> Self {
         DeviceMemoryBuffer {
             ptr: DevicePtr::NULL,
@@ -39,7 +39,7 @@ impl Default for DeviceMemoryBuffer {
     }
 }
 
-impl std::fmt::Debug for DeviceMemoryBuffer {
+impl std::fmt::Debug for DeviceMemoryBuffer<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeviceMemoryBuffer")
             .field("ptr", &self.ptr)
@@ -49,7 +49,7 @@ impl std::fmt::Debug for DeviceMemoryBuffer {
     }
 }
 
-impl DeviceMemoryBuffer {
+impl DeviceMemoryBuffer<'static> {
     /// Allocates `size` bytes on `device_type:index` through the process-wide registry, with
     /// [`DEFAULT_ALIGNMENT`]; [`Error::NotFound`] when no allocator is registered for the type.
     pub fn create(size: usize, device_type: DeviceType, index: DeviceIndex) -> Result<Self> {
@@ -76,10 +76,13 @@ impl DeviceMemoryBuffer {
     ) -> Result<Self> {
         Self::create_with(registry.require(device_type)?, size, index, alignment)
     }
+}
 
-    /// Allocates through `allocator` directly.
+impl<'a> DeviceMemoryBuffer<'a> {
+    /// Allocates through `allocator` directly; the buffer borrows it (any lifetime: an
+    /// allocator on the stack will do).
     pub fn create_with(
-        allocator: &'static dyn DeviceAllocator,
+        allocator: &'a dyn DeviceAllocator,
         size: usize,
         index: DeviceIndex,
         alignment: usize,
@@ -114,11 +117,11 @@ impl DeviceMemoryBuffer {
     }
 
     /// The allocator that owns the memory (None when empty).
-    pub fn allocator(&self) -> Option<&'static dyn DeviceAllocator> {
+    pub fn allocator(&self) -> Option<&'a dyn DeviceAllocator> {
         self.allocator
     }
 
-    fn alloc(&self) -> Result<&'static dyn DeviceAllocator> {
+    fn alloc(&self) -> Result<&'a dyn DeviceAllocator> {
         self.allocator.ok_or_else(|| Error::invalid_argument("the buffer is empty (default or released)"))
     }
 
@@ -139,6 +142,13 @@ impl DeviceMemoryBuffer {
     pub fn write_at(&mut self, offset: usize, src: &[u8]) -> Result<()> {
         let a = self.alloc()?;
         a.copy_host_to_device(self.at(offset, src.len())?, src, self.device.index)
+    }
+
+    /// Async twin of [`DeviceMemoryBuffer::write_at`] (the browser's way to write ragged ranges).
+    pub async fn write_at_async(&mut self, offset: usize, src: &[u8]) -> Result<()> {
+        let a = self.alloc()?;
+        let ptr = self.at(offset, src.len())?;
+        a.copy_host_to_device_async(ptr, src, self.device.index).await
     }
 
     /// Reads `dst.len()` bytes from byte `offset`.
@@ -175,7 +185,7 @@ impl DeviceMemoryBuffer {
 
     fn typed_vec<T: bytemuck::AnyBitPattern>(&self) -> Result<Vec<T>> {
         let elem = std::mem::size_of::<T>().max(1);
-        if self.size % elem != 0 {
+        if !self.size.is_multiple_of(elem) {
             return Err(Error::invalid_argument(format!(
                 "a buffer of {} bytes is not a whole number of {}-byte values",
                 self.size, elem
@@ -191,7 +201,7 @@ impl DeviceMemoryBuffer {
     }
 }
 
-impl Drop for DeviceMemoryBuffer {
+impl Drop for DeviceMemoryBuffer<'_> {
     fn drop(&mut self) {
         if let Some(a) = self.allocator.take() {
             if let Err(e) = a.deallocate(self.ptr, self.device.index) {

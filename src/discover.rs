@@ -1,60 +1,117 @@
 //! [`register_available`]: registers every allocator this machine can offer.
 #![deny(unsafe_code)]
 
-use crate::allocator::DeviceAllocator;
+use std::fmt;
+
+use crate::device::DeviceType;
+use crate::error::Error;
 use crate::host::HostAllocator;
 use crate::registry::DeviceAllocatorRegistry;
 
+/// What [`register_available`] did for one allocator.
+#[derive(Debug)]
+pub struct Registration {
+    /// The device type (for wgpu, that of the backend tried).
+    pub device_type: DeviceType,
+    /// What happened.
+    pub outcome: Outcome,
+}
+
+/// The outcome of one [`Registration`].
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// Registered, with these devices (their names).
+    Registered {
+        /// One name per device index.
+        devices: Vec<String>,
+    },
+    /// The registry already had an allocator of this type; it was left as it was.
+    AlreadyRegistered,
+    /// The allocator could not be made here (no driver, no adapter), and why.
+    Unavailable(Error),
+    /// devalloc was built without the feature this allocator needs.
+    NotBuilt {
+        /// The cargo feature to enable.
+        feature: &'static str,
+    },
+}
+
+impl Registration {
+    /// Whether an allocator was registered.
+    pub fn is_registered(&self) -> bool {
+        matches!(self.outcome, Outcome::Registered { .. })
+    }
+
+    pub(crate) fn made(
+        registry: &DeviceAllocatorRegistry,
+        device_type: DeviceType,
+        made: crate::Result<&'static dyn crate::DeviceAllocator>,
+    ) -> Self {
+        let outcome = match made {
+            Ok(a) => {
+                let devices = (0..a.device_count() as crate::DeviceIndex).map(|i| a.device_name(i)).collect();
+                match registry.register_allocator(a) {
+                    Ok(()) => Outcome::Registered { devices },
+                    Err(Error::AlreadyRegistered { .. }) => Outcome::AlreadyRegistered,
+                    Err(e) => Outcome::Unavailable(e),
+                }
+            }
+            Err(e) => Outcome::Unavailable(e),
+        };
+        Registration { device_type, outcome }
+    }
+}
+
+impl fmt::Display for Registration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let t = self.device_type;
+        match &self.outcome {
+            Outcome::Registered { devices } => write!(f, "{t}: {}", devices.join(", ")),
+            Outcome::AlreadyRegistered => write!(f, "{t}: already registered"),
+            Outcome::Unavailable(e) => write!(f, "{t}: not available: {e}"),
+            Outcome::NotBuilt { feature } => write!(f, "{t}: not built (enable the `{feature}` feature)"),
+        }
+    }
+}
+
 /// Registers into `registry` every allocator this machine offers (host memory always; the
-/// enabled GPU backends that find a device), and returns one line per attempt saying what was
-/// registered or why not. Types that already have an allocator are left as they are.
-pub fn register_available(registry: &DeviceAllocatorRegistry) -> Vec<String> {
+/// enabled GPU backends that find a device), and says for each what happened. Types that
+/// already have an allocator are left as they are.
+pub fn register_available(registry: &DeviceAllocatorRegistry) -> Vec<Registration> {
     let mut report = Vec::new();
-    let mut offer = |name: &str, made: crate::Result<&'static dyn DeviceAllocator>| match made {
-        Ok(a) => match registry.register_allocator(a) {
-            Ok(()) => report.push(format!("{}: {name}, {} device(s)", a.device_type(), a.device_count())),
-            Err(e) => report.push(format!("{}: {name} not registered: {e}", a.device_type())),
-        },
-        Err(e) => report.push(format!("{name}: not available: {e}")),
-    };
-    if registry.get_allocator(crate::DeviceType::Cpu).is_none() {
-        offer("host memory", Ok(Box::leak(Box::new(HostAllocator::new()))));
+    if registry.get_allocator(DeviceType::Cpu).is_some() {
+        report.push(Registration { device_type: DeviceType::Cpu, outcome: Outcome::AlreadyRegistered });
+    } else {
+        let host: &'static HostAllocator = Box::leak(Box::new(HostAllocator::new()));
+        report.push(Registration::made(registry, DeviceType::Cpu, Ok(host)));
     }
     report.extend(wgpu_backends(registry));
-    report.extend(cuda(registry));
+    report.push(cuda(registry));
     report
 }
 
-#[cfg(feature = "cuda")]
-fn cuda(registry: &DeviceAllocatorRegistry) -> Vec<String> {
-    if registry.get_allocator(crate::DeviceType::Cuda).is_some() {
-        return vec!["cuda: already registered".into()];
+#[cfg(all(feature = "cuda", native))]
+fn cuda(registry: &DeviceAllocatorRegistry) -> Registration {
+    if registry.get_allocator(DeviceType::Cuda).is_some() {
+        return Registration { device_type: DeviceType::Cuda, outcome: Outcome::AlreadyRegistered };
     }
-    let line = match crate::cuda::CudaAllocator::new() {
-        Ok(a) => {
-            let names: Vec<String> =
-                (0..a.device_count() as crate::DeviceIndex).map(|i| a.device_name(i)).collect();
-            match registry.register_allocator(Box::leak(Box::new(a))) {
-                Ok(()) => format!("cuda: {}", names.join(", ")),
-                Err(e) => format!("cuda: {e}"),
-            }
-        }
-        Err(e) => format!("cuda: not available: {e}"),
-    };
-    vec![line]
+    let made = crate::cuda::CudaAllocator::new()
+        .map(|a| Box::leak(Box::new(a)) as &'static dyn crate::DeviceAllocator);
+    Registration::made(registry, DeviceType::Cuda, made)
 }
 
-#[cfg(not(feature = "cuda"))]
-fn cuda(_registry: &DeviceAllocatorRegistry) -> Vec<String> {
-    vec!["cuda: not built (enable the `cuda` feature)".into()]
+#[cfg(not(all(feature = "cuda", native)))]
+fn cuda(_registry: &DeviceAllocatorRegistry) -> Registration {
+    Registration { device_type: DeviceType::Cuda, outcome: Outcome::NotBuilt { feature: "cuda" } }
 }
 
 #[cfg(all(feature = "wgpu", native))]
-fn wgpu_backends(registry: &DeviceAllocatorRegistry) -> Vec<String> {
+fn wgpu_backends(registry: &DeviceAllocatorRegistry) -> Vec<Registration> {
     crate::wgpu::register_wgpu_backends(registry, &crate::wgpu::WgpuOptions::default())
 }
 
 #[cfg(not(all(feature = "wgpu", native)))]
-fn wgpu_backends(_registry: &DeviceAllocatorRegistry) -> Vec<String> {
+fn wgpu_backends(_registry: &DeviceAllocatorRegistry) -> Vec<Registration> {
     Vec::new()
 }

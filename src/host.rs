@@ -1,6 +1,6 @@
 //! [`HostAllocator`]: host memory behind the [`crate::DeviceAllocator`] contract (`DeviceType::Cpu`).
 //!
-//! Real, aligned host memory (any power-of-two alignment), handed out at virtual addresses
+//! Real host memory handed out at virtual addresses (which carry any power-of-two alignment)
 //! through the generic [`Pool`], so the host allocator keeps exactly the rules the GPU
 //! allocators keep: bounds-checked copies, use-after-free and double-free detection, stats,
 //! planned pools. It is also the reference the conformance suite and the benchmarks compare to.
@@ -12,11 +12,13 @@ use std::sync::RwLock;
 
 use crate::device::{Device, DeviceType};
 use crate::error::{Error, Result};
-use crate::pool::{Pool, PoolConfig, Storage};
-use crate::pooled::PooledAllocator;
+use crate::pool::{Pool, PoolConfig};
+use crate::pooled_allocator::PooledAllocator;
+use crate::storage::Storage;
 
-/// Alignment every host block has at least (a cache line).
-const MIN_HOST_ALIGNMENT: u64 = 64;
+/// Alignment of every host block (a cache line). The address a caller sees is virtual and
+/// carries the alignment asked for; the memory behind it only needs to be fast to copy.
+const HOST_BLOCK_ALIGNMENT: u64 = 64;
 
 /// One block of host memory. Reads take the lock shared, writes exclusive, so concurrent
 /// copies into one block never race.
@@ -60,6 +62,7 @@ pub struct HostStorage;
 
 impl Storage for HostStorage {
     type Block = HostBlock;
+    type Params = ();
 
     fn device(&self) -> Device {
         Device::new(DeviceType::Cpu, 0)
@@ -71,12 +74,18 @@ impl Storage for HostStorage {
     }
 
     fn max_block_size(&self) -> u64 {
-        isize::MAX as u64 - (1 << 20)
+        // No 64-bit machine devalloc runs on maps more than 2^47 bytes for a process, so a
+        // larger block can never be made: say so (TooLarge), rather than "out of memory now".
+        (isize::MAX as u64 - (1 << 20)).min(1 << 47)
     }
 
-    fn alloc(&self, capacity: u64, alignment: u64) -> Result<HostBlock> {
+    fn block_alignment(&self, _alignment: u64) -> u64 {
+        HOST_BLOCK_ALIGNMENT
+    }
+
+    fn alloc(&self, capacity: u64, alignment: u64, _params: &(), _label: Option<&str>) -> Result<HostBlock> {
         let size = usize::try_from(capacity).map_err(|_| Error::invalid_argument("size exceeds usize"))?;
-        let align = usize::try_from(alignment.max(MIN_HOST_ALIGNMENT))
+        let align = usize::try_from(alignment.max(HOST_BLOCK_ALIGNMENT))
             .map_err(|_| Error::invalid_argument("alignment exceeds usize"))?;
         let layout = Layout::from_size_align(size, align)
             .map_err(|e| Error::invalid_argument(format!("{size} bytes aligned to {align}: {e}")))?;
@@ -153,7 +162,7 @@ pub type HostAllocator = PooledAllocator<HostStorage>;
 
 impl Default for PooledAllocator<HostStorage> {
     fn default() -> Self {
-        Self::with_config(PoolConfig::default())
+        Self::with_config(PoolConfig::default()).expect("the default pool settings are valid")
     }
 }
 
@@ -163,8 +172,9 @@ impl PooledAllocator<HostStorage> {
         Self::default()
     }
 
-    /// A host allocator with these pool settings.
-    pub fn with_config(config: PoolConfig) -> Self {
-        PooledAllocator::from_pools(DeviceType::Cpu, vec![Pool::new(HostStorage, config)])
+    /// A host allocator with these pool settings; an error when they are invalid (see
+    /// [`PoolConfig`]).
+    pub fn with_config(config: PoolConfig) -> Result<Self> {
+        PooledAllocator::from_pools(DeviceType::Cpu, vec![Pool::new(HostStorage, config)?])
     }
 }

@@ -1,16 +1,21 @@
-//! Memory-planned pools: the seed's `init_buffer` / `get_offset_address`.
+//! Memory plans: the seed's `init_buffer` / `get_offset_address`.
 //!
 //! A memory plan (ExecuTorch's, or any ahead-of-time planner's) says how many bytes each
-//! memory id needs; every planned tensor then lives at `pool(memory_id) + offset`. Two pieces:
+//! memory id needs; one *planned buffer* is allocated per memory id, and every planned tensor
+//! then lives at `buffer(memory_id) + offset`. Three pieces:
 //!
-//! - [`PlanTable`]: the bookkeeping (memory id -> pool), bounds-checked lookups. The built-in
-//!   allocators keep one per device behind [`crate::DeviceAllocator::init_buffer`].
-//! - [`PlannedMemory`]: an owner of all the pools of one plan on one device, over any
-//!   allocator; it frees them on drop (ExecuTorch's `HierarchicalAllocator`).
+//! - `PlanTable` (internal): the bookkeeping (memory id -> planned buffer), bounds-checked
+//!   lookups. The built-in allocators keep one per device behind
+//!   [`crate::DeviceAllocator::init_buffer`].
+//! - [`PlannedMemory`]: an owner of all the planned buffers of one plan on one device, over
+//!   any allocator; it frees them on drop (ExecuTorch's `HierarchicalAllocator`).
+//! - [`PlanLayout`]: a helper for writing a plan of your own, placing tensors at offsets that
+//!   are multiples of an alignment (on wgpu, the device's binding alignment, so that every
+//!   tensor can be bound on its own).
 //!
 //! Protocol: `init` each memory id once (a second `init` of the same id is an error, release
-//! first), then ask for addresses; `release` frees the pools. Addresses handed out earlier are
-//! invalid after the release.
+//! first), then ask for addresses; `release` frees the buffers. Addresses handed out earlier
+//! are invalid after the release.
 #![deny(unsafe_code)]
 
 use std::collections::BTreeMap;
@@ -20,10 +25,10 @@ use crate::device::{Device, DeviceIndex};
 use crate::error::{Error, Result};
 use crate::ptr::DevicePtr;
 
-/// Memory id -> (base address, size) for the planned pools of one device.
+/// Memory id -> (base address, size) for the planned buffers of one device.
 #[derive(Debug, Default)]
-pub struct PlanTable {
-    pools: BTreeMap<u32, (DevicePtr, u64)>,
+pub(crate) struct PlanTable {
+    buffers: BTreeMap<u32, (DevicePtr, u64)>,
 }
 
 impl PlanTable {
@@ -32,12 +37,12 @@ impl PlanTable {
         Self::default()
     }
 
-    /// Records pool `memory_id` at `base`, `nbytes` long; an error if the id is taken.
+    /// Records planned buffer `memory_id` at `base`, `nbytes` long; an error if the id is taken.
     pub fn insert(&mut self, device: Device, memory_id: u32, base: DevicePtr, nbytes: u64) -> Result<()> {
-        if self.pools.contains_key(&memory_id) {
+        if self.buffers.contains_key(&memory_id) {
             return Err(Self::already_initialised(device, memory_id));
         }
-        self.pools.insert(memory_id, (base, nbytes));
+        self.buffers.insert(memory_id, (base, nbytes));
         Ok(())
     }
 
@@ -48,12 +53,12 @@ impl PlanTable {
         ))
     }
 
-    /// Whether `memory_id` has a pool.
+    /// Whether `memory_id` has a planned buffer.
     pub fn contains(&self, memory_id: u32) -> bool {
-        self.pools.contains_key(&memory_id)
+        self.buffers.contains_key(&memory_id)
     }
 
-    /// `pool(memory_id) + offset`, checked so that `nbytes` bytes from there fit in the pool.
+    /// `buffer(memory_id) + offset`, checked so that `nbytes` bytes from there fit in it.
     pub fn offset_address(
         &self,
         device: Device,
@@ -61,7 +66,7 @@ impl PlanTable {
         offset: usize,
         nbytes: usize,
     ) -> Result<DevicePtr> {
-        let &(base, size) = self.pools.get(&memory_id).ok_or_else(|| {
+        let &(base, size) = self.buffers.get(&memory_id).ok_or_else(|| {
             Error::not_found(format!(
                 "memory id {memory_id} is not initialised on {device} (call init_buffer first)"
             ))
@@ -79,23 +84,76 @@ impl PlanTable {
         base.offset(offset)
     }
 
-    /// Removes every pool, returning their base addresses (null for empty ones) to be freed.
+    /// Removes every planned buffer, returning their base addresses (null for empty ones).
     pub fn take_all(&mut self) -> Vec<(u32, DevicePtr)> {
-        std::mem::take(&mut self.pools).into_iter().map(|(id, (base, _))| (id, base)).collect()
+        std::mem::take(&mut self.buffers).into_iter().map(|(id, (base, _))| (id, base)).collect()
     }
 
-    /// Number of pools.
+    /// Number of planned buffers.
     pub fn len(&self) -> usize {
-        self.pools.len()
+        self.buffers.len()
     }
 
-    /// Whether there are no pools.
+    /// Whether there are none.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
-        self.pools.is_empty()
+        self.buffers.is_empty()
     }
 }
 
-/// The pools of one memory plan on one device, over any [`DeviceAllocator`], freed on drop.
+/// Lays out the tensors of a plan of your own, one after another, each at an offset that is
+/// a multiple of `alignment`; [`PlanLayout::size`] is then the planned buffer's size.
+///
+/// ```
+/// # use devalloc::PlanLayout;
+/// let mut layout = PlanLayout::new(256)?; // e.g. WgpuAllocator::binding_alignment(0)
+/// let a = layout.place(1000)?;
+/// let b = layout.place(4)?;
+/// assert_eq!((a, b, layout.size()), (0, 1024, 1028));
+/// # Ok::<(), devalloc::Error>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct PlanLayout {
+    alignment: usize,
+    size: usize,
+}
+
+impl PlanLayout {
+    /// An empty layout whose tensors start at multiples of `alignment` (a power of two).
+    pub fn new(alignment: usize) -> Result<Self> {
+        crate::checks::check_alignment(alignment)?;
+        Ok(PlanLayout { alignment, size: 0 })
+    }
+
+    /// Places a tensor of `nbytes` after the ones placed so far; returns its offset.
+    pub fn place(&mut self, nbytes: usize) -> Result<usize> {
+        let offset = self.size.checked_next_multiple_of(self.alignment);
+        let end = offset.and_then(|o| o.checked_add(nbytes));
+        match (offset, end) {
+            (Some(offset), Some(end)) => {
+                self.size = end;
+                Ok(offset)
+            }
+            _ => Err(Error::invalid_argument(format!(
+                "a plan of {} bytes cannot take {nbytes} more: the size overflows",
+                self.size
+            ))),
+        }
+    }
+
+    /// Bytes the planned buffer needs for everything placed so far.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The alignment of every offset.
+    pub fn alignment(&self) -> usize {
+        self.alignment
+    }
+}
+
+/// The planned buffers of one memory plan on one device, over any [`DeviceAllocator`], freed
+/// on drop.
 ///
 /// ```
 /// # use devalloc::{HostAllocator, PlannedMemory};
@@ -103,7 +161,7 @@ impl PlanTable {
 /// // Memory id 0 is unused by this plan, id 1 needs 4 KiB, id 2 needs 64 bytes.
 /// let plan = PlannedMemory::new(&host, 0, &[0, 4096, 64])?;
 /// let tensor = plan.get_offset_address(1, 1024, 512)?; // 512 bytes at offset 1 KiB
-/// assert!(plan.get_offset_address(2, 32, 64).is_err()); // runs past the pool
+/// assert!(plan.get_offset_address(2, 32, 64).is_err()); // runs past the planned buffer
 /// # Ok::<(), devalloc::Error>(())
 /// ```
 #[doc(alias = "HierarchicalAllocator")]
@@ -114,9 +172,9 @@ pub struct PlannedMemory<'a> {
 }
 
 impl<'a> PlannedMemory<'a> {
-    /// Allocates one pool per entry of `sizes` (memory id = position) on device `index`. A
-    /// size of 0 makes an empty pool (null base) that serves only 0-byte addresses. On failure
-    /// the pools already made are freed.
+    /// Allocates one planned buffer per entry of `sizes` (memory id = position) on device
+    /// `index`. A size of 0 makes an empty one (null base) that serves only 0-byte addresses.
+    /// On failure the buffers already made are freed.
     pub fn new(allocator: &'a dyn DeviceAllocator, index: DeviceIndex, sizes: &[usize]) -> Result<Self> {
         let mut plan = PlannedMemory { allocator, index, table: PlanTable::new() };
         let device = plan.device();
@@ -132,7 +190,7 @@ impl<'a> PlannedMemory<'a> {
         Ok(plan)
     }
 
-    /// The device the pools live on.
+    /// The device the planned buffers live on.
     pub fn device(&self) -> Device {
         Device::new(self.allocator.device_type(), self.index)
     }
@@ -142,7 +200,7 @@ impl<'a> PlannedMemory<'a> {
         self.table.len()
     }
 
-    /// `pool(memory_id) + offset`, checked so that `nbytes` bytes from there fit in the pool.
+    /// `buffer(memory_id) + offset`, checked so that `nbytes` bytes from there fit in it.
     pub fn get_offset_address(&self, memory_id: u32, offset: usize, nbytes: usize) -> Result<DevicePtr> {
         self.table.offset_address(self.device(), memory_id, offset, nbytes)
     }
@@ -165,6 +223,18 @@ impl Drop for PlannedMemory<'_> {
 mod tests {
     use super::*;
     use crate::device::DeviceType;
+
+    #[test]
+    fn layouts_align_and_refuse_overflow() {
+        let mut l = PlanLayout::new(64).unwrap();
+        assert_eq!(l.place(1).unwrap(), 0);
+        assert_eq!(l.place(64).unwrap(), 64);
+        assert_eq!(l.place(0).unwrap(), 128);
+        assert_eq!(l.size(), 128);
+        assert!(PlanLayout::new(48).is_err());
+        assert!(l.place(usize::MAX - 100).is_err());
+        assert_eq!(l.size(), 128, "a refused placement changes nothing");
+    }
 
     #[test]
     fn table_checks_ids_and_bounds() {

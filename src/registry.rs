@@ -1,9 +1,10 @@
 //! [`DeviceAllocatorRegistry`]: device type -> allocator, and copies between any two devices.
 #![deny(unsafe_code)]
 
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
-use crate::allocator::{bounce_copy, bounce_copy_async, DeviceAllocator};
+use crate::allocator::DeviceAllocator;
+use crate::bounce::{bounce, run_blocking, End, Mode};
 use crate::device::{Device, DeviceType, NUM_DEVICE_TYPES};
 use crate::error::{Error, Result};
 use crate::ptr::DevicePtr;
@@ -17,9 +18,12 @@ use crate::ptr::DevicePtr;
 ///
 /// [`DeviceAllocatorRegistry::instance`] is the process-wide registry behind
 /// [`register_device_allocator`] / [`get_device_allocator`]; [`DeviceAllocatorRegistry::new`]
-/// makes independent ones for embedding and tests.
+/// makes independent ones for embedding and tests. [`DeviceAllocatorRegistry::get`] gives back
+/// the concrete type (a `WgpuAllocator`, say) of a registered allocator.
 pub struct DeviceAllocatorRegistry {
     slots: [OnceLock<&'static dyn DeviceAllocator>; NUM_DEVICE_TYPES],
+    /// Serialises [`DeviceAllocatorRegistry::get_or_register`]'s makers.
+    making: Mutex<()>,
 }
 
 // On wasm without threads the allocators are not `Sync` (wgpu's web types are not), yet a
@@ -40,7 +44,10 @@ impl Default for DeviceAllocatorRegistry {
 impl DeviceAllocatorRegistry {
     /// An empty registry.
     pub const fn new() -> Self {
-        DeviceAllocatorRegistry { slots: [const { OnceLock::new() }; NUM_DEVICE_TYPES] }
+        DeviceAllocatorRegistry {
+            slots: [const { OnceLock::new() }; NUM_DEVICE_TYPES],
+            making: Mutex::new(()),
+        }
     }
 
     /// The process-wide registry.
@@ -58,9 +65,42 @@ impl DeviceAllocatorRegistry {
         Ok(())
     }
 
+    /// The allocator registered for `device_type`; if there is none yet, registers the one
+    /// `make` returns (which must be of that type). One test binary whose tests each want "the"
+    /// allocator of a type calls this from every test: the first makes it, the others get it.
+    pub fn get_or_register(
+        &self,
+        device_type: DeviceType,
+        make: impl FnOnce() -> Result<&'static dyn DeviceAllocator>,
+    ) -> Result<&'static dyn DeviceAllocator> {
+        if let Some(a) = self.get_allocator(device_type) {
+            return Ok(a);
+        }
+        let _making = self.making.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(a) = self.get_allocator(device_type) {
+            return Ok(a);
+        }
+        let made = make()?;
+        if made.device_type() != device_type {
+            return Err(Error::invalid_argument(format!(
+                "get_or_register({device_type}) was given a {} allocator",
+                made.device_type()
+            )));
+        }
+        self.register_allocator(made)?;
+        Ok(made)
+    }
+
     /// The allocator registered for `device_type`, if any.
     pub fn get_allocator(&self, device_type: DeviceType) -> Option<&'static dyn DeviceAllocator> {
         self.slots[device_type.table_index()].get().copied()
+    }
+
+    /// The allocator registered for `device_type` as its concrete type `A` (e.g.
+    /// `registry.get::<WgpuAllocator>(DeviceType::Vulkan)` for `buffer()` and bindings);
+    /// `None` when none is registered or it is of another type.
+    pub fn get<A: DeviceAllocator + 'static>(&self, device_type: DeviceType) -> Option<&'static A> {
+        self.get_allocator(device_type)?.as_any()?.downcast_ref::<A>()
     }
 
     /// The allocator for `device_type`, or [`Error::NotFound`] saying none is registered.
@@ -76,7 +116,7 @@ impl DeviceAllocatorRegistry {
 
     /// Copies `nbytes` from `src_ptr` on `src` to `dst_ptr` on `dst`: through the allocator's
     /// own device-to-device copy when both are of one type, else through a host bounce buffer
-    /// in chunks of [`crate::allocator::BOUNCE_CHUNK`] bytes.
+    /// in chunks of 4 MiB. Both ranges are checked before a byte moves.
     pub fn copy(
         &self,
         dst: Device,
@@ -85,13 +125,7 @@ impl DeviceAllocatorRegistry {
         src_ptr: DevicePtr,
         nbytes: usize,
     ) -> Result<()> {
-        let d = self.require(dst.device_type)?;
-        let s = self.require(src.device_type)?;
-        if dst.device_type == src.device_type {
-            d.copy_device_to_device(dst_ptr, dst.index, src_ptr, src.index, nbytes)
-        } else {
-            bounce_copy(d, dst.index, dst_ptr, s, src.index, src_ptr, nbytes)
-        }
+        run_blocking(self.copy_with(dst, dst_ptr, src, src_ptr, nbytes, Mode::Blocking))
     }
 
     /// Async twin of [`DeviceAllocatorRegistry::copy`] (the way to copy in the browser).
@@ -103,13 +137,31 @@ impl DeviceAllocatorRegistry {
         src_ptr: DevicePtr,
         nbytes: usize,
     ) -> Result<()> {
+        self.copy_with(dst, dst_ptr, src, src_ptr, nbytes, Mode::Async).await
+    }
+
+    async fn copy_with(
+        &self,
+        dst: Device,
+        dst_ptr: DevicePtr,
+        src: Device,
+        src_ptr: DevicePtr,
+        nbytes: usize,
+        mode: Mode,
+    ) -> Result<()> {
         let d = self.require(dst.device_type)?;
         let s = self.require(src.device_type)?;
         if dst.device_type == src.device_type {
-            d.copy_device_to_device_async(dst_ptr, dst.index, src_ptr, src.index, nbytes).await
-        } else {
-            bounce_copy_async(d, dst.index, dst_ptr, s, src.index, src_ptr, nbytes).await
+            return match mode {
+                Mode::Blocking => d.copy_device_to_device(dst_ptr, dst.index, src_ptr, src.index, nbytes),
+                Mode::Async => {
+                    d.copy_device_to_device_async(dst_ptr, dst.index, src_ptr, src.index, nbytes).await
+                }
+            };
         }
+        let dst = End { alloc: d, index: dst.index, ptr: dst_ptr };
+        let src = End { alloc: s, index: src.index, ptr: src_ptr };
+        bounce(dst, src, nbytes, mode).await
     }
 }
 

@@ -6,14 +6,14 @@
 #[macro_use]
 mod conformance;
 
-use devalloc::{CudaAllocator, DeviceAllocatorRegistry, DeviceType, Error, PoolConfig};
+use devalloc::{CudaAllocator, DeviceAllocatorRegistry, DeviceType, Error, Outcome, PoolConfig};
 
 fn cuda() -> conformance::Made {
     conformance::ready(CudaAllocator::new())
 }
 
 fn cuda_uncached() -> conformance::Made {
-    conformance::ready(CudaAllocator::with_config(PoolConfig { caching: false, memory_limit: None }))
+    conformance::ready(CudaAllocator::with_config(PoolConfig::default()))
 }
 
 mod cached {
@@ -23,7 +23,7 @@ mod cached {
     #[test]
     fn model_check() {
         if CudaAllocator::new().is_ok() {
-            conformance::model_check(cuda, 32);
+            conformance::model::model_check(cuda, 32);
         } else {
             eprintln!("SKIPPED model_check: did not run: no CUDA driver or device");
         }
@@ -39,7 +39,9 @@ mod uncached {
 fn without_a_driver_construction_fails_and_the_registry_still_works() {
     let registry = DeviceAllocatorRegistry::new();
     let lines = devalloc::register_available(&registry);
-    let cuda_line = lines.iter().find(|l| l.starts_with("cuda")).expect("register_available reports CUDA");
+    let cuda =
+        lines.iter().find(|l| l.device_type == DeviceType::Cuda).expect("register_available reports CUDA");
+    let cuda_line = cuda.to_string();
     match CudaAllocator::new() {
         Ok(_) => {
             assert!(registry.get_allocator(DeviceType::Cuda).is_some(), "{cuda_line}");
@@ -47,6 +49,7 @@ fn without_a_driver_construction_fails_and_the_registry_still_works() {
         }
         Err(e) => {
             assert!(matches!(e, Error::NotFound { .. }), "{e}");
+            assert!(matches!(&cuda.outcome, Outcome::Unavailable(Error::NotFound { .. })), "{cuda_line}");
             assert!(cuda_line.contains("not available") && cuda_line.contains("no CUDA"), "{cuda_line}");
             assert!(registry.get_allocator(DeviceType::Cuda).is_none());
             eprintln!("SKIPPED CUDA conformance here: {e}");

@@ -1,4 +1,5 @@
-//! The conformance suite on the host allocator, with and without its cache and limit.
+//! The conformance suite and the hostile model check on the host allocator, with and without
+//! its cache, under a tiny memory limit, and with a tiny address window.
 #![cfg(not(target_arch = "wasm32"))]
 
 #[macro_use]
@@ -6,15 +7,34 @@ mod conformance;
 
 use devalloc::{HostAllocator, PoolConfig};
 
+fn host(config: PoolConfig) -> conformance::Made {
+    conformance::ready(HostAllocator::with_config(config))
+}
+
 fn plain() -> conformance::Made {
-    conformance::ready(Ok::<_, String>(HostAllocator::new()))
+    host(PoolConfig::default())
 }
 
 fn cached() -> conformance::Made {
-    conformance::ready(Ok::<_, String>(HostAllocator::with_config(PoolConfig {
+    host(PoolConfig { caching: true, memory_limit: Some(1 << 30), ..PoolConfig::default() })
+}
+
+/// 64 KiB of memory and a 128 KiB address window: limits and address reuse are hit often.
+fn cramped() -> conformance::Made {
+    host(PoolConfig {
         caching: true,
-        memory_limit: Some(1 << 30),
-    })))
+        memory_limit: Some(64 << 10),
+        address_window: 1 << 17,
+        ..PoolConfig::default()
+    })
+}
+
+fn cases(native: u32) -> u32 {
+    if cfg!(miri) {
+        2
+    } else {
+        native
+    }
 }
 
 mod plain {
@@ -23,7 +43,7 @@ mod plain {
 
     #[test]
     fn model_check() {
-        conformance::model_check(plain, 64);
+        conformance::model::model_check(plain, cases(64));
     }
 }
 
@@ -33,6 +53,15 @@ mod cached {
 
     #[test]
     fn model_check() {
-        conformance::model_check(cached, 64);
+        conformance::model::model_check(cached, cases(64));
+    }
+}
+
+mod cramped {
+    use super::*;
+
+    #[test]
+    fn model_check() {
+        conformance::model::model_check(cramped, cases(64));
     }
 }

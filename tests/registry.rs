@@ -222,7 +222,12 @@ fn host_reports_freed_pointers_as_freed() {
 
 #[test]
 fn cache_limit_and_report() {
-    let a = HostAllocator::with_config(PoolConfig { caching: true, memory_limit: Some(1 << 20) });
+    let a = HostAllocator::with_config(PoolConfig {
+        caching: true,
+        memory_limit: Some(1 << 20),
+        ..PoolConfig::default()
+    })
+    .unwrap();
     let p = a.allocate(1000, 0, DEFAULT_ALIGNMENT).unwrap();
     a.deallocate(p, 0).unwrap();
     let s = a.stats(0).unwrap();
@@ -267,7 +272,9 @@ fn planned_memory_owns_its_pools() {
     }
     assert_eq!(a.stats(0).unwrap().live_allocations, 0, "the plan's pools were not freed on drop");
     // A failing plan frees what it had made.
-    let limited = HostAllocator::with_config(PoolConfig { caching: false, memory_limit: Some(10_000) });
+    let limited =
+        HostAllocator::with_config(PoolConfig { memory_limit: Some(10_000), ..PoolConfig::default() })
+            .unwrap();
     assert!(PlannedMemory::new(&limited, 0, &[4096, 4096, 4096]).is_err());
     assert_eq!(limited.stats(0).unwrap().live_allocations, 0);
 }

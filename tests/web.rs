@@ -9,8 +9,10 @@
 #[macro_use]
 mod conformance;
 
-use devalloc::wgpu::{WgpuAllocator, WgpuOptions};
-use devalloc::{DeviceAllocator, DevicePtr, Error, HostAllocator, DEFAULT_ALIGNMENT};
+use devalloc::{
+    DeviceAllocator, DevicePtr, Error, HostAllocator, PoolConfig, WgpuAllocator, WgpuOptions,
+    DEFAULT_ALIGNMENT,
+};
 use wasm_bindgen_test::wasm_bindgen_test;
 
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
@@ -31,11 +33,32 @@ fn host() -> conformance::Made {
     conformance::ready(Ok::<_, String>(HostAllocator::new()))
 }
 
+/// Under a 64 KiB memory limit, for the hostile model check.
+fn webgpu_tiny() -> conformance::Made {
+    Box::pin(async {
+        let pool = PoolConfig { caching: true, memory_limit: Some(64 << 10), ..PoolConfig::default() };
+        WgpuAllocator::new_async(wgpu::Backend::BrowserWebGpu, WgpuOptions { pool, ..Default::default() })
+            .await
+            .map(|a| Box::new(a) as Box<dyn DeviceAllocator>)
+            .map_err(|e| e.to_string())
+    })
+}
+
 /// The browser's adapter must be there: a missing one fails, in CI and out of it (these tests
 /// only run in a browser that was started with WebGPU enabled).
 mod webgpu {
     use super::*;
     conformance_tests!(webgpu, conformance::Need::Always);
+
+    #[wasm_bindgen_test]
+    async fn model_check() {
+        conformance::model::model_check_seeded(webgpu, 6).await;
+    }
+
+    #[wasm_bindgen_test]
+    async fn model_check_tiny() {
+        conformance::model::model_check_seeded(webgpu_tiny, 6).await;
+    }
 }
 
 mod host {
@@ -78,7 +101,7 @@ async fn many_overlapping_pending_downloads() {
         .iter_mut()
         .map(|(off, buf)| a.copy_device_to_host_async(buf, p.offset(*off).unwrap(), 0))
         .collect();
-    for r in join_all(futures).await {
+    for r in futures_util::future::join_all(futures).await {
         r.unwrap();
     }
     for (off, buf) in &outs {
@@ -122,27 +145,33 @@ async fn blocking_calls_name_their_async_twin() {
     let e = a.copy_device_to_device(p.offset(1).unwrap(), 0, p.offset(9).unwrap(), 0, 3).unwrap_err();
     assert!(e.to_string().contains("copy_device_to_device_async"), "{e}");
     assert!(matches!(a.deallocate(DevicePtr::new(8), 0), Err(Error::InvalidPointer { .. })));
+    // synchronize cannot wait here: it says so rather than return a silent Ok.
+    let e = a.synchronize(0).unwrap_err();
+    assert!(matches!(e, Error::NotSupported { .. }) && e.to_string().contains("synchronize_async"), "{e}");
+    a.synchronize_async(0).await.unwrap();
+    let e = WgpuAllocator::new(wgpu::Backend::BrowserWebGpu).err().unwrap();
+    assert!(e.to_string().contains("new_async"), "{e}");
     a.deallocate(p, 0).unwrap();
 }
 
-/// Awaits every future (they make progress together: each is polled whenever woken).
-async fn join_all<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
-    let mut futures: Vec<_> = futures.into_iter().map(Box::pin).collect();
-    let mut out: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        for (f, o) in futures.iter_mut().zip(out.iter_mut()) {
-            if o.is_none() {
-                if let std::task::Poll::Ready(v) = f.as_mut().poll(cx) {
-                    *o = Some(v);
-                }
-            }
-        }
-        if out.iter().all(Option::is_some) {
-            std::task::Poll::Ready(())
-        } else {
-            std::task::Poll::Pending
-        }
-    })
-    .await;
-    out.into_iter().map(|o| o.expect("all ready")).collect()
+/// One allocator per test binary: every test asks the registry, the first one registers.
+#[wasm_bindgen_test]
+async fn one_allocator_per_test_binary() {
+    let registry = devalloc::DeviceAllocatorRegistry::instance();
+    let first = shared().await;
+    let second = shared().await;
+    assert!(std::ptr::eq(first, second));
+    assert!(registry.get::<WgpuAllocator>(devalloc::DeviceType::WebGpu).is_some());
+}
+
+async fn shared() -> &'static WgpuAllocator {
+    let registry = devalloc::DeviceAllocatorRegistry::instance();
+    if let Some(a) = registry.get::<WgpuAllocator>(devalloc::DeviceType::WebGpu) {
+        return a;
+    }
+    let a: &'static WgpuAllocator = open().await;
+    match registry.register_allocator(a) {
+        Ok(()) => a,
+        Err(_) => registry.get::<WgpuAllocator>(devalloc::DeviceType::WebGpu).expect("registered meanwhile"),
+    }
 }

@@ -5,32 +5,51 @@
 #[macro_use]
 mod conformance;
 
-use devalloc::wgpu::{MapMode, Route, WgpuAllocator, WgpuOptions};
-use devalloc::{DeviceAllocator, DevicePtr, Error, DEFAULT_ALIGNMENT};
+use devalloc::{
+    BindingKind, Device, DeviceAllocator, DeviceAllocatorRegistry, DevicePtr, DeviceType, Error,
+    HostAllocator, PoolConfig, Route, WgpuAllocator, WgpuOptions, DEFAULT_ALIGNMENT,
+};
 
 fn open(backend: wgpu::Backend, options: WgpuOptions) -> conformance::Made {
     conformance::ready(WgpuAllocator::new_with(backend, options))
 }
 
 /// Small staging chunks so that multi-chunk, pipelined copies happen at test sizes.
-fn small_chunks(map_mode: MapMode) -> WgpuOptions {
-    WgpuOptions { staging_chunk: Some(64 << 10), map_mode, ..WgpuOptions::default() }
+fn small_chunks(route: Option<Route>) -> WgpuOptions {
+    WgpuOptions { staging_chunk: Some(64 << 10), route, ..WgpuOptions::default() }
 }
 
 fn vulkan_staged() -> conformance::Made {
-    open(wgpu::Backend::Vulkan, small_chunks(MapMode::Staged))
+    open(wgpu::Backend::Vulkan, small_chunks(Some(Route::Staged)))
 }
 
 fn vulkan_auto() -> conformance::Made {
-    open(wgpu::Backend::Vulkan, small_chunks(MapMode::Auto))
+    open(wgpu::Backend::Vulkan, small_chunks(None))
 }
 
 fn vulkan_uncached() -> conformance::Made {
-    open(wgpu::Backend::Vulkan, WgpuOptions { caching: false, ..small_chunks(MapMode::Staged) })
+    let pool = PoolConfig { caching: false, ..PoolConfig::default() };
+    open(wgpu::Backend::Vulkan, WgpuOptions { pool, ..small_chunks(Some(Route::Staged)) })
 }
 
 fn gl() -> conformance::Made {
-    open(wgpu::Backend::Gl, small_chunks(MapMode::Auto))
+    open(wgpu::Backend::Gl, small_chunks(None))
+}
+
+/// A device whose largest buffer is 4 KiB (smaller than a staging chunk, or a small download
+/// buffer), under a 64 KiB memory limit: for the model check.
+fn vulkan_tiny() -> conformance::Made {
+    let limits = wgpu::Limits { max_buffer_size: 4096, ..wgpu::Limits::downlevel_defaults() };
+    let pool = PoolConfig { caching: true, memory_limit: Some(64 << 10), ..PoolConfig::default() };
+    open(
+        wgpu::Backend::Vulkan,
+        WgpuOptions { required_limits: Some(limits), pool, ..small_chunks(Some(Route::Staged)) },
+    )
+}
+
+fn gl_tiny() -> conformance::Made {
+    let pool = PoolConfig { caching: true, memory_limit: Some(64 << 10), ..PoolConfig::default() };
+    open(wgpu::Backend::Gl, WgpuOptions { pool, ..small_chunks(None) })
 }
 
 /// Vulkan (lavapipe) and GL (llvmpipe) are required under CI, skipped with a reason elsewhere.
@@ -40,7 +59,7 @@ mod vulkan_staged {
 
     #[test]
     fn model_check() {
-        conformance::model_check(vulkan_staged, 16);
+        conformance::model::model_check(vulkan_staged, 16);
     }
 }
 
@@ -50,7 +69,7 @@ mod vulkan_direct {
 
     #[test]
     fn model_check() {
-        conformance::model_check(vulkan_auto, 16);
+        conformance::model::model_check(vulkan_auto, 16);
     }
 }
 
@@ -59,18 +78,36 @@ mod vulkan_uncached {
     conformance_tests!(vulkan_uncached, conformance::Need::InCi);
 }
 
+mod vulkan_tiny {
+    use super::*;
+
+    #[test]
+    fn model_check() {
+        conformance::model::model_check(vulkan_tiny, 16);
+    }
+}
+
 mod gl {
     use super::*;
     conformance_tests!(gl, conformance::Need::InCi);
+
+    #[test]
+    fn model_check() {
+        conformance::model::model_check(gl_tiny, 12);
+    }
 }
 
 fn vulkan(options: WgpuOptions) -> Option<WgpuAllocator> {
+    backend(wgpu::Backend::Vulkan, options)
+}
+
+fn backend(backend: wgpu::Backend, options: WgpuOptions) -> Option<WgpuAllocator> {
     let _ = env_logger::builder().is_test(true).try_init();
-    match WgpuAllocator::new_with(wgpu::Backend::Vulkan, options) {
+    match WgpuAllocator::new_with(backend, options) {
         Ok(a) => Some(a),
-        Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => panic!("no Vulkan adapter under CI: {e}"),
+        Err(e) if conformance::in_ci() => panic!("no {backend:?} adapter under CI: {e}"),
         Err(e) => {
-            eprintln!("SKIPPED: no Vulkan adapter: {e}");
+            eprintln!("SKIPPED: no {backend:?} adapter: {e}");
             None
         }
     }
@@ -82,10 +119,10 @@ fn pattern(n: usize, seed: u8) -> Vec<u8> {
 
 /// Both routes, forced: ragged edges, copies larger than a staging chunk, interleaved
 /// uploads and downloads of one buffer, 8 threads at once.
-fn staging_paths(map_mode: MapMode, expect: Route) {
-    let Some(a) = vulkan(small_chunks(map_mode)) else { return };
+fn staging_paths(route: Option<Route>, expect: Route) {
+    let Some(a) = vulkan(small_chunks(route)) else { return };
     if a.route(0).unwrap() != expect {
-        assert_eq!(map_mode, MapMode::Auto, "a forced route was not taken");
+        assert_eq!(route, None, "a forced route was not taken");
         eprintln!("SKIPPED: this adapter has no direct route");
         return;
     }
@@ -148,17 +185,18 @@ fn staging_paths(map_mode: MapMode, expect: Route) {
 
 #[test]
 fn staged_route() {
-    staging_paths(MapMode::Staged, Route::Staged);
+    staging_paths(Some(Route::Staged), Route::Staged);
 }
 
 #[test]
 fn direct_route() {
-    staging_paths(MapMode::Auto, Route::Direct);
+    staging_paths(None, Route::Direct);
 }
 
 #[test]
 fn memory_limit_and_oversize_are_errors_and_the_allocator_survives() {
-    let Some(a) = vulkan(WgpuOptions { memory_limit: Some(8 << 20), ..WgpuOptions::default() }) else {
+    let pool = PoolConfig { caching: true, memory_limit: Some(8 << 20), ..PoolConfig::default() };
+    let Some(a) = vulkan(WgpuOptions { pool, ..WgpuOptions::default() }) else {
         return;
     };
     let max = a.device(0).unwrap().limits().max_buffer_size;
@@ -216,54 +254,116 @@ fn cache_reuses_buffers_and_zeroed_allocation_clears_them() {
 fn buffer_ranges_are_checked() {
     let Some(a) = vulkan(WgpuOptions::default()) else { return };
     let p = a.allocate(1024, 0, DEFAULT_ALIGNMENT).unwrap();
-    let r = a.buffer(p.offset(256).unwrap(), 512, 0).unwrap();
+    let r = a.buffer_range(p.offset(256).unwrap(), 512, 0).unwrap();
     assert_eq!(r.range, 256..768);
     assert!(r.buffer.size() >= 1024);
     assert!(r.buffer.usage().contains(wgpu::BufferUsages::STORAGE));
-    assert!(matches!(a.buffer(p.offset(600).unwrap(), 512, 0), Err(Error::OutOfBounds { .. })));
-    assert!(matches!(a.buffer(DevicePtr::new(0x10), 4, 0), Err(Error::InvalidPointer { .. })));
+    assert_eq!(a.buffer(p.offset(256).unwrap(), 0).unwrap().range, 256..1024, "to the end of the allocation");
+    assert!(matches!(a.buffer_range(p.offset(600).unwrap(), 512, 0), Err(Error::OutOfBounds { .. })));
+    assert!(matches!(a.buffer_range(DevicePtr::new(0x10), 4, 0), Err(Error::InvalidPointer { .. })));
     a.deallocate(p, 0).unwrap();
 }
 
 #[test]
-fn adopting_an_apps_device() {
-    let _ = env_logger::builder().is_test(true).try_init();
-    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
-    desc.backends = wgpu::Backends::VULKAN;
-    let instance = wgpu::Instance::new(desc);
-    let Ok(adapter) = pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions::default()))
-    else {
-        assert!(std::env::var("CI").is_err(), "no Vulkan adapter under CI");
+fn an_empty_binding_is_an_error_not_the_rest_of_the_buffer() {
+    let Some(a) = vulkan(WgpuOptions::default()) else { return };
+    let p = a.allocate(1024, 0, DEFAULT_ALIGNMENT).unwrap();
+    let r = a.buffer_range(p, 0, 0).unwrap();
+    let e = r.binding(BindingKind::Storage).unwrap_err();
+    assert!(e.to_string().contains("at least one byte"), "{e}");
+    assert!(r.slice().is_err());
+    a.deallocate(p, 0).unwrap();
+}
+
+#[test]
+fn mapping_an_out_of_range_or_unaligned_range_is_an_error_not_a_panic() {
+    let Some(a) = vulkan(WgpuOptions::default()) else { return };
+    let device = a.device(0).unwrap();
+    let usage = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
+    let b = device.create_buffer(&wgpu::BufferDescriptor {
+        label: None,
+        size: 64,
+        usage,
+        mapped_at_creation: false,
+    });
+    for (start, end) in [(0, 68), (64, 72), (0, u64::MAX), (4, 12), (0, 6), (8, 8), (16, 8)] {
+        let range = start..end;
+        let r = pollster::block_on(a.map_buffer_async(0, &b, wgpu::MapMode::Read, range.clone()));
+        assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{range:?}: {r:?}");
+    }
+    let r = pollster::block_on(a.map_buffer_async(0, &b, wgpu::MapMode::Write, 0..8));
+    assert!(r.unwrap_err().to_string().contains("MAP_WRITE"));
+    pollster::block_on(a.map_buffer_async(0, &b, wgpu::MapMode::Read, 8..64)).unwrap();
+    b.unmap();
+}
+
+#[test]
+fn staged_reads_work_on_a_device_whose_largest_buffer_is_under_a_staging_chunk() {
+    for max in [4096u64, 1000] {
+        let limits = wgpu::Limits { max_buffer_size: max, ..wgpu::Limits::downlevel_defaults() };
+        let options = WgpuOptions {
+            required_limits: Some(limits),
+            route: Some(Route::Staged),
+            ..WgpuOptions::default()
+        };
+        let Some(a) = vulkan(options) else { return };
+        let n = max as usize & !3;
+        let p = a.allocate(n, 0, DEFAULT_ALIGNMENT).unwrap();
+        let data: Vec<u8> = (0..n).map(|i| (i * 7) as u8).collect();
+        a.copy_host_to_device(p, &data, 0).unwrap();
+        let mut back = vec![0u8; n];
+        a.copy_device_to_host(&mut back, p, 0).unwrap();
+        assert!(back == data, "max_buffer_size {max}");
+        a.copy_device_to_host(&mut back[..3], p.offset(5).unwrap(), 0).unwrap();
+        assert_eq!(back[..3], data[5..8]);
+        a.deallocate(p, 0).unwrap();
+    }
+}
+
+#[test]
+fn a_request_that_fits_the_device_exactly_is_allocated_with_caching_on() {
+    let limits = wgpu::Limits { max_buffer_size: 1_000_000, ..wgpu::Limits::downlevel_defaults() };
+    let Some(a) = vulkan(WgpuOptions { required_limits: Some(limits), ..WgpuOptions::default() }) else {
         return;
     };
-    let (device, queue) =
-        pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor::default())).unwrap();
-    let a = WgpuAllocator::from_device(device.clone(), queue.clone()).unwrap();
-    assert_eq!(a.device_type(), devalloc::DeviceType::Vulkan);
-    assert_eq!(a.route(0).unwrap(), Route::Staged, "no MAPPABLE_PRIMARY_BUFFERS asked for: staged");
-    let p = a.allocate(64, 0, DEFAULT_ALIGNMENT).unwrap();
-    // The app writes through its own queue into devalloc memory; devalloc reads it back.
-    let r = a.buffer(p, 64, 0).unwrap();
-    queue.write_buffer(&r.buffer, r.range.start, &[3u8; 64]);
-    let mut back = [0u8; 64];
-    a.copy_device_to_host(&mut back, p, 0).unwrap();
-    assert_eq!(back, [3u8; 64]);
+    let p = a.allocate(1_000_000, 0, DEFAULT_ALIGNMENT).expect("the device's largest buffer fits");
     a.deallocate(p, 0).unwrap();
+    assert!(matches!(a.allocate(1_000_001, 0, DEFAULT_ALIGNMENT), Err(Error::TooLarge { .. })));
 }
 
 #[test]
-fn a_lost_device_turns_every_call_into_device_lost() {
+fn a_huge_alignment_is_refused_without_moving_the_stats() {
     let Some(a) = vulkan(WgpuOptions::default()) else { return };
-    let p = a.allocate(64, 0, DEFAULT_ALIGNMENT).unwrap();
-    a.device(0).unwrap().destroy();
-    let _ = a.device(0).unwrap().poll(wgpu::PollType::Poll);
-    let e = a.copy_host_to_device(p, &[1u8; 64], 0).unwrap_err();
-    assert!(matches!(e, Error::DeviceLost { .. }), "{e}");
-    let mut back = [0u8; 64];
-    assert!(matches!(a.copy_device_to_host(&mut back, p, 0), Err(Error::DeviceLost { .. })));
-    assert!(matches!(a.allocate(64, 0, DEFAULT_ALIGNMENT), Err(Error::DeviceLost { .. })));
-    // Bookkeeping still works: the pointer can be freed.
-    a.deallocate(p, 0).unwrap();
+    let before = a.stats(0).unwrap();
+    let e = a.allocate(8, 0, 1 << 62).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+    assert_eq!(a.stats(0).unwrap(), before, "a refused allocation counted a miss or a peak");
+}
+
+#[test]
+fn a_registry_copy_into_a_too_small_gpu_allocation_writes_nothing() {
+    let Some(vk) = vulkan(WgpuOptions::default()) else { return };
+    let vk: &'static WgpuAllocator = Box::leak(Box::new(vk));
+    let host: &'static HostAllocator = Box::leak(Box::new(HostAllocator::new()));
+    let registry = DeviceAllocatorRegistry::new();
+    registry.register_allocator(host).unwrap();
+    registry.register_allocator(vk).unwrap();
+    let mib = 1 << 20;
+    let src = host.allocate(8 * mib, 0, 256).unwrap();
+    host.copy_host_to_device(src, &vec![9u8; 8 * mib], 0).unwrap();
+    let dst = vk.allocate(6 * mib, 0, 256).unwrap();
+    vk.copy_host_to_device(dst, &vec![1u8; 6 * mib], 0).unwrap();
+    let (cpu, gpu) = (Device::new(DeviceType::Cpu, 0), Device::new(DeviceType::Vulkan, 0));
+    assert!(matches!(registry.copy(gpu, dst, cpu, src, 8 * mib), Err(Error::OutOfBounds { .. })));
+    assert!(matches!(
+        pollster::block_on(registry.copy_async(gpu, dst, cpu, src, 8 * mib)),
+        Err(Error::OutOfBounds { .. })
+    ));
+    let mut back = vec![0u8; 6 * mib];
+    vk.copy_device_to_host(&mut back, dst, 0).unwrap();
+    assert!(back.iter().all(|&b| b == 1), "the first chunk was written before the range was checked");
+    assert_eq!(registry.get::<WgpuAllocator>(DeviceType::Vulkan).map(|a| a.route(0).is_ok()), Some(true));
+    assert!(registry.get::<HostAllocator>(DeviceType::Vulkan).is_none());
 }
 
 #[test]

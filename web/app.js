@@ -1,7 +1,7 @@
 // The devalloc browser demo: initialise, show the adapter, round-trip data, measure upload and
 // download against plain wgpu, and chart allocated vs reserved memory. When done, the title
 // says "devalloc: done" (or "devalloc: failed") and #results holds the figures as JSON.
-import init, { Devalloc } from "./pkg/devalloc.js";
+import init, { Devalloc } from "./pkg/devalloc_web.js";
 
 const $ = (id) => document.getElementById(id);
 const results = { ok: false, backend: null, roundTrip: false, bench: [], latencyUs: null, memory: [] };
@@ -16,8 +16,8 @@ function status(text, cls) {
 }
 
 function showDevice(dv) {
-  const adapter = JSON.parse(dv.adapter());
-  const limits = JSON.parse(dv.limits());
+  const adapter = dv.adapter();
+  const limits = dv.limits();
   const rows = [
     ["backend", dv.backend === "webgpu" ? "WebGPU" : "WebGL2 (wgpu GL backend)"],
     ["adapter", adapter.name || "(the browser does not say)"],
@@ -25,7 +25,7 @@ function showDevice(dv) {
     ["type", adapter.deviceType],
     ["max buffer", human(limits.maxBufferSize)],
     ["max storage binding", human(limits.maxStorageBufferBindingSize)],
-    ["devices", JSON.parse(dv.devices()).map((d) => d.device).join(", ")],
+    ["devices", dv.devices().map((d) => d.device).join(", ")],
   ];
   $("device").innerHTML = rows.map(([k, v]) => `<dt>${k}</dt><dd>${v}</dd>`).join("");
   results.backend = dv.backend;
@@ -41,13 +41,13 @@ async function roundTrip(dv) {
   // A ragged sub-range through an offset pointer.
   await dv.write(ptr + 3n, new Uint8Array([1, 2, 3, 4, 5]));
   const bytes = await dv.read(ptr + 1n, 9);
-  dv.free(ptr);
+  dv.deallocate(ptr);
   const floatsOk = back.length === n && back.every((v, i) => v === data[i]);
   const raw = new Uint8Array(data.buffer);
   const expect = [raw[1], raw[2], 1, 2, 3, 4, 5, raw[8], raw[9]];
   const raggedOk = expect.every((v, i) => bytes[i] === v);
   let errorOk = false;
-  try { dv.free(ptr); } catch (e) { errorOk = /invalid pointer/.test(e.message); }
+  try { dv.deallocate(ptr); } catch (e) { errorOk = /invalid pointer/.test(e.message); }
   results.roundTrip = floatsOk && raggedOk && errorOk;
   $("roundtrip").innerHTML = results.roundTrip
     ? `<span class="ok">verified</span>: ${n} floats written and read back, a ragged 5-byte write at offset 3 kept its neighbours, a double free was refused with an exception`
@@ -80,13 +80,13 @@ async function throughput(dv) {
   const plan = [[4096, 30], [1 << 20, 15], [64 << 20, 5]];
   for (const [size, reps] of plan) {
     status(`measuring ${human(size)}…`, "running");
-    const r = JSON.parse(await dv.bench(size, reps));
+    const r = await dv.bench(size, reps);
     results.bench.push(r);
     const tb = $("bwtable").tBodies[0];
     tb.insertAdjacentHTML("beforeend", `<tr><td>${human(size)}</td><td>${gb(r.upDevalloc)}</td><td>${gb(r.upPlain)}</td><td>${gb(r.downDevalloc)}</td><td>${gb(r.downPlain)}</td></tr>`);
     drawBars(results.bench);
   }
-  const lat = JSON.parse(await dv.bench(4, 50));
+  const lat = await dv.bench(4, 50);
   results.latencyUs = { devalloc: lat.downMs * 1000, plain: lat.plainDownMs * 1000 };
   $("latency").textContent = `4-byte download latency: devalloc ${results.latencyUs.devalloc.toFixed(0)} µs, plain wgpu ${results.latencyUs.plain.toFixed(0)} µs (browser timers are coarse)`;
 }
@@ -114,22 +114,52 @@ async function memory(dv) {
   const rnd = (n) => { seed = (seed * 1103515245 + 12345) % 2147483648; return seed % n; };
   for (let step = 0; step < 120; step++) {
     if (live.length && (rnd(3) === 0 || live.length > 24)) {
-      dv.free(live.splice(rnd(live.length), 1)[0]);
+      dv.deallocate(live.splice(rnd(live.length), 1)[0]);
     } else {
       live.push(dv.allocate(1024 * (1 + rnd(4096))));
     }
-    const s = JSON.parse(dv.stats());
+    const s = dv.stats();
     results.memory.push({ allocated: s.allocated, reserved: s.reserved });
     if (step % 10 === 0) { drawMemory(results.memory); await new Promise((r) => setTimeout(r, 0)); }
   }
-  live.forEach((p) => dv.free(p));
-  const s = JSON.parse(dv.stats());
+  live.forEach((p) => dv.deallocate(p));
+  const s = dv.stats();
   results.memory.push({ allocated: s.allocated, reserved: s.reserved });
   const freed = dv.empty_cache();
-  results.memory.push({ allocated: 0, reserved: JSON.parse(dv.stats()).reserved });
+  results.memory.push({ allocated: 0, reserved: dv.stats().reserved });
   drawMemory(results.memory);
   results.cache = { hits: s.hits, misses: s.misses, freedOnEmpty: freed };
   $("memnote").textContent = `cache: ${s.hits} hits / ${s.misses} misses; peak allocated ${human(s.peakAllocated)}, peak reserved ${human(s.peakReserved)}; empty_cache gave back ${human(freed)}`;
+}
+
+// Numbers from JS that do not fit must be exceptions naming the argument, never wrapped.
+async function hostileInputs(dv) {
+  const cases = [
+    ["allocate(2**32 + 16)", () => dv.allocate(2 ** 32 + 16), /nbytes/],
+    ["allocate(2**52)", () => dv.allocate(2 ** 52), /nbytes|never be allocated/],
+    ["allocate(2**53)", () => dv.allocate(2 ** 53), /nbytes/],
+    ["allocate(1.5)", () => dv.allocate(1.5), /nbytes/],
+    ["allocate(-1)", () => dv.allocate(-1), /nbytes/],
+    ["allocate(NaN)", () => dv.allocate(NaN), /nbytes/],
+    ["allocate('64')", () => dv.allocate("64"), /nbytes/],
+    ["allocate(64, 3)", () => dv.allocate(64, 3), /power of two/],
+    ["allocate(64, 2**32)", () => dv.allocate(64, 2 ** 32), /alignment/],
+    ["read(ptr, 2**32 + 1)", async () => { const p = dv.allocate(64); try { await dv.read(p, 2 ** 32 + 1); } finally { dv.deallocate(p); } }, /len/],
+    ["read(ptr, -4)", async () => { const p = dv.allocate(64); try { await dv.read(p, -4); } finally { dv.deallocate(p); } }, /len/],
+    ["read(5, 4) (a Number, not a BigInt)", async () => dv.read(5, 4), /ptr must be a BigInt/],
+    ["deallocate(-1n)", () => dv.deallocate(-1n), /ptr must be from 0/],
+    ["deallocate(2n**64n)", () => dv.deallocate(2n ** 64n), /ptr must be from 0/],
+    ["write(ptr + 60n, 8 bytes) past the end", async () => { const p = dv.allocate(64); try { await dv.write(p + 60n, new Uint8Array(8)); } finally { dv.deallocate(p); } }, /out of bounds/],
+  ];
+  const before = dv.stats();
+  results.hostile = [];
+  for (const [name, f, want] of cases) {
+    let message = null;
+    try { await f(); } catch (e) { message = String(e && e.message || e); }
+    results.hostile.push({ name, threw: message !== null, ok: message !== null && want.test(message), message });
+  }
+  const after = dv.stats();
+  results.hostileStatsKept = after.live === before.live && after.allocated === before.allocated;
 }
 
 async function main() {
@@ -139,9 +169,11 @@ async function main() {
     const dv = await Devalloc.init();
     showDevice(dv);
     await roundTrip(dv);
+    await hostileInputs(dv);
     await throughput(dv);
     await memory(dv);
-    results.ok = results.roundTrip && results.bench.every((r) => r.verified && r.upDevalloc > 0 && r.downDevalloc > 0);
+    results.ok = results.roundTrip && results.hostile.every((h) => h.ok) && results.hostileStatsKept
+      && results.bench.every((r) => r.verified && r.upDevalloc > 0 && r.downDevalloc > 0);
     status(results.ok ? `done on ${dv.backend === "webgpu" ? "WebGPU" : "WebGL2"}` : "done, with failures", results.ok ? "ok" : "bad");
     document.title = results.ok ? "devalloc: done" : "devalloc: failed";
   } catch (e) {

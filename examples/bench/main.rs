@@ -19,8 +19,8 @@ mod cuda;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use devalloc::wgpu::{MapMode, WgpuAllocator, WgpuOptions};
 use devalloc::{DeviceAllocator, DEFAULT_ALIGNMENT};
+use devalloc::{PoolConfig, Route, WgpuAllocator, WgpuOptions};
 
 pub(crate) const KIB: usize = 1 << 10;
 pub(crate) const MIB: usize = 1 << 20;
@@ -78,13 +78,13 @@ struct Dev {
 }
 
 fn open(backend: wgpu::Backend, chunk: Option<u64>) -> Option<Dev> {
-    let mut staged_opts = WgpuOptions { map_mode: MapMode::Staged, ..Default::default() };
+    let mut staged_opts = WgpuOptions { route: Some(Route::Staged), ..Default::default() };
     if let Some(c) = chunk {
         staged_opts.staging_chunk = Some(c);
     }
     let staged = WgpuAllocator::new_with(backend, staged_opts).ok()?;
     let direct =
-        WgpuAllocator::new_with(backend, WgpuOptions { map_mode: MapMode::Direct, ..Default::default() })
+        WgpuAllocator::new_with(backend, WgpuOptions { route: Some(Route::Direct), ..Default::default() })
             .ok();
     Some(Dev { staged, direct })
 }
@@ -220,7 +220,7 @@ fn bench_device(name: &str, dev: &Dev, quick: bool) {
     let uncached = WgpuAllocator::from_device_with(
         device.clone(),
         queue.clone(),
-        WgpuOptions { caching: false, map_mode: MapMode::Staged, ..Default::default() },
+        WgpuOptions { pool: PoolConfig::default(), route: Some(Route::Staged), ..Default::default() },
     )
     .unwrap();
     for s in [64 * KIB, MIB, 16 * MIB] {

@@ -23,13 +23,14 @@ use cudarc::driver::{
     result, CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr as _, DriverError, PinnedHostSlice,
 };
 
-use crate::allocator::round_up;
+use crate::checks::round_up;
 use crate::device::{Device, DeviceIndex, DeviceType};
 use crate::error::{Error, Result};
-use crate::pool::{Pool, PoolConfig, Storage};
-use crate::pooled::PooledAllocator;
+use crate::pool::{Pool, PoolConfig};
+use crate::pooled_allocator::PooledAllocator;
 #[allow(unused_imports)] // named in the docs
 use crate::ptr::DevicePtr;
+use crate::storage::Storage;
 
 /// Copies of at least this many bytes go through pinned staging buffers.
 pub const PINNED_THRESHOLD: usize = 1 << 20;
@@ -200,6 +201,7 @@ impl CudaStorage {
 
 impl Storage for CudaStorage {
     type Block = CudaBlock;
+    type Params = ();
 
     fn device(&self) -> Device {
         self.id
@@ -213,9 +215,17 @@ impl Storage for CudaStorage {
         self.total
     }
 
-    fn alloc(&self, capacity: u64, alignment: u64) -> Result<CudaBlock> {
+    fn has_real_addresses(&self) -> bool {
+        true
+    }
+
+    fn alloc(&self, capacity: u64, alignment: u64, _params: &(), _label: Option<&str>) -> Result<CudaBlock> {
         let extra = alignment.saturating_sub(DRIVER_ALIGNMENT);
-        let bytes = capacity.checked_add(extra).ok_or_else(|| Error::invalid_argument("size overflows"))?;
+        let bytes = capacity.checked_add(extra).filter(|&b| b <= self.total).ok_or(Error::TooLarge {
+            requested: capacity,
+            max: self.total.saturating_sub(extra),
+            device: self.id,
+        })?;
         let mem = self
             .stream
             .alloc_zeros::<u8>(bytes as usize)
@@ -271,7 +281,7 @@ impl Storage for CudaStorage {
         let stream = self.stream.cu_stream();
         if overlap {
             // cuMemcpy does not handle overlapping ranges: go through a temporary.
-            let tmp = self.alloc(len, DRIVER_ALIGNMENT)?;
+            let tmp = self.alloc(len, DRIVER_ALIGNMENT, &(), None)?;
             // SAFETY: all three ranges are in bounds of live allocations; the copies are
             // stream-ordered, and `tmp` is freed stream-ordered after them when dropped.
             unsafe {
@@ -294,7 +304,7 @@ pub type CudaAllocator = PooledAllocator<CudaStorage>;
 impl PooledAllocator<CudaStorage> {
     /// Opens every CUDA device with a caching pool and no limit.
     pub fn new() -> Result<Self> {
-        Self::with_config(PoolConfig { caching: true, memory_limit: None })
+        Self::with_config(PoolConfig { caching: true, ..PoolConfig::default() })
     }
 
     /// Opens every CUDA device with these pool settings (the limit applies per device).
@@ -314,9 +324,9 @@ impl PooledAllocator<CudaStorage> {
             Err(e) => return Err(driver_error(Device::new(DeviceType::Cuda, 0), "counting devices", e, 0)),
         };
         let pools = (0..count)
-            .map(|i| CudaStorage::open(i).map(|s| Pool::new(s, config.clone())))
+            .map(|i| Pool::new(CudaStorage::open(i)?, config.clone()))
             .collect::<Result<Vec<_>>>()?;
-        Ok(PooledAllocator::from_pools(DeviceType::Cuda, pools))
+        PooledAllocator::from_pools(DeviceType::Cuda, pools)
     }
 
     /// Waits for every copy queued on device `index`.

@@ -5,13 +5,16 @@
 //! storage; their constructors live in their own modules.
 #![deny(unsafe_code)]
 
-use crate::allocator::{
-    bounce_copy, bounce_copy_async, check_index, AllocatorStats, BoxFuture, DeviceAllocator,
-};
+use std::any::Any;
+
+use crate::allocator::{AllocatorStats, BoxFuture, DeviceAllocator};
+use crate::bounce::{bounce, run_blocking, End, Mode};
+use crate::checks::{check_index, len64};
 use crate::device::{Device, DeviceIndex, DeviceType};
 use crate::error::{Error, PointerProblem, Result};
-use crate::pool::{Pool, Storage};
+use crate::pool::Pool;
 use crate::ptr::DevicePtr;
+use crate::storage::Storage;
 
 /// One [`Pool`] per device of one [`DeviceType`], as a [`DeviceAllocator`].
 pub struct PooledAllocator<S: Storage> {
@@ -20,9 +23,19 @@ pub struct PooledAllocator<S: Storage> {
 }
 
 impl<S: Storage> PooledAllocator<S> {
-    /// An allocator over these pools; device `i` is `pools[i]`.
-    pub fn from_pools(device_type: DeviceType, pools: Vec<Pool<S>>) -> Self {
-        PooledAllocator { device_type, pools }
+    /// An allocator over these pools; device `i` is `pools[i]`, whose storage must say it is
+    /// `device_type:i` (so that no two devices share addresses or memory).
+    pub fn from_pools(device_type: DeviceType, pools: Vec<Pool<S>>) -> Result<Self> {
+        for (i, pool) in pools.iter().enumerate() {
+            let want = Device::new(device_type, i as DeviceIndex);
+            if pool.device() != want {
+                return Err(Error::invalid_argument(format!(
+                    "pool {i} of a {device_type} allocator is for {}, not {want}",
+                    pool.device()
+                )));
+            }
+        }
+        Ok(PooledAllocator { device_type, pools })
     }
 
     /// The pool of device `index`: stats, limit, cache, live allocations, report.
@@ -36,7 +49,7 @@ impl<S: Storage> PooledAllocator<S> {
         &self.pools
     }
 
-    /// Allocates with a label that the leak report shows.
+    /// Allocates with a label that reports (and, on wgpu, the device's own messages) show.
     pub fn allocate_labeled(
         &self,
         nbytes: usize,
@@ -44,7 +57,7 @@ impl<S: Storage> PooledAllocator<S> {
         alignment: usize,
         label: &str,
     ) -> Result<DevicePtr> {
-        self.pool(index)?.allocate_labeled(nbytes, alignment, Some(label))
+        self.pool(index)?.allocate_with(nbytes, alignment, Some(label), S::Params::default())
     }
 
     /// Frees every cached block of every device; returns the bytes given back.
@@ -64,7 +77,7 @@ impl<S: Storage> PooledAllocator<S> {
     }
 
     /// Turns an invalid-pointer error into "belongs to device j" when another device has it.
-    fn foreign(&self, index: DeviceIndex, ptr: DevicePtr, e: Error) -> Error {
+    pub(crate) fn foreign(&self, index: DeviceIndex, ptr: DevicePtr, e: Error) -> Error {
         if let Error::InvalidPointer { .. } = e {
             for (j, other) in self.pools.iter().enumerate() {
                 if j != index as usize && other.contains(ptr) {
@@ -80,7 +93,37 @@ impl<S: Storage> PooledAllocator<S> {
     }
 }
 
-impl<S: Storage> DeviceAllocator for PooledAllocator<S> {
+impl<S: Storage + 'static> PooledAllocator<S> {
+    async fn copy_d2d(
+        &self,
+        dst: DevicePtr,
+        dst_index: DeviceIndex,
+        src: DevicePtr,
+        src_index: DeviceIndex,
+        nbytes: usize,
+        mode: Mode,
+    ) -> Result<()> {
+        let d = self.pool(dst_index)?;
+        let s = self.pool(src_index)?;
+        if nbytes == 0 {
+            return Ok(());
+        }
+        if dst_index != src_index {
+            let dst = End { alloc: self, index: dst_index, ptr: dst };
+            let src = End { alloc: self, index: src_index, ptr: src };
+            return bounce(dst, src, nbytes, mode).await;
+        }
+        // Name the pointer that is wrong, source first (as a copy reads before it writes).
+        s.block_at(src, len64(nbytes)).map_err(|e| self.foreign(src_index, src, e))?;
+        d.block_at(dst, len64(nbytes)).map_err(|e| self.foreign(dst_index, dst, e))?;
+        match mode {
+            Mode::Blocking => d.copy(dst, src, nbytes),
+            Mode::Async => d.copy_async(dst, src, nbytes).await,
+        }
+    }
+}
+
+impl<S: Storage + 'static> DeviceAllocator for PooledAllocator<S> {
     fn device_type(&self) -> DeviceType {
         self.device_type
     }
@@ -109,12 +152,7 @@ impl<S: Storage> DeviceAllocator for PooledAllocator<S> {
         src_index: DeviceIndex,
         nbytes: usize,
     ) -> Result<()> {
-        let d = self.pool(dst_index)?;
-        if dst_index == src_index {
-            return d.copy(dst, src, nbytes).map_err(|e| self.foreign(dst_index, dst, e));
-        }
-        self.pool(src_index)?;
-        bounce_copy(self, dst_index, dst, self, src_index, src, nbytes)
+        run_blocking(self.copy_d2d(dst, dst_index, src, src_index, nbytes, Mode::Blocking))
     }
 
     fn copy_device_to_device_async<'a>(
@@ -125,14 +163,15 @@ impl<S: Storage> DeviceAllocator for PooledAllocator<S> {
         src_index: DeviceIndex,
         nbytes: usize,
     ) -> BoxFuture<'a, Result<()>> {
-        Box::pin(async move {
-            let d = self.pool(dst_index)?;
-            if dst_index == src_index {
-                return d.copy_async(dst, src, nbytes).await.map_err(|e| self.foreign(dst_index, dst, e));
-            }
-            self.pool(src_index)?;
-            bounce_copy_async(self, dst_index, dst, self, src_index, src, nbytes).await
-        })
+        Box::pin(self.copy_d2d(dst, dst_index, src, src_index, nbytes, Mode::Async))
+    }
+
+    fn check_range(&self, ptr: DevicePtr, nbytes: usize, index: DeviceIndex) -> Result<()> {
+        let pool = self.pool(index)?;
+        if nbytes == 0 {
+            return Ok(());
+        }
+        pool.block_at(ptr, len64(nbytes)).map(drop).map_err(|e| self.foreign(index, ptr, e))
     }
 
     fn device_count(&self) -> usize {
@@ -176,11 +215,7 @@ impl<S: Storage> DeviceAllocator for PooledAllocator<S> {
     ) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
             let pool = self.pool(index)?;
-            if src.is_empty() {
-                return Ok(());
-            }
-            let r = pool.resolve(dst, src.len() as u64).map_err(|e| self.foreign(index, dst, e))?;
-            pool.storage().write_async(&r.block, r.offset, src).await
+            pool.write_async(dst, src).await.map_err(|e| self.foreign(index, dst, e))
         })
     }
 
@@ -192,11 +227,11 @@ impl<S: Storage> DeviceAllocator for PooledAllocator<S> {
     ) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
             let pool = self.pool(index)?;
-            if dst.is_empty() {
-                return Ok(());
-            }
-            let r = pool.resolve(src, dst.len() as u64).map_err(|e| self.foreign(index, src, e))?;
-            pool.storage().read_async(&r.block, r.offset, dst).await
+            pool.read_async(dst, src).await.map_err(|e| self.foreign(index, src, e))
         })
+    }
+
+    fn as_any(&self) -> Option<&dyn Any> {
+        Some(self)
     }
 }

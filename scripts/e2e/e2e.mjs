@@ -1,0 +1,111 @@
+// End-to-end test of the browser demo: serves index.html and web/ on 127.0.0.1, opens the
+// page in Debian's Chromium through Playwright's library (no browser download), waits until
+// the demo says it is done, checks what it reports and saves a screenshot. Exit status 0 when
+// every check holds. Usage: see scripts/e2e-web.
+import { spawn } from "node:child_process";
+import { mkdirSync, existsSync, mkdtempSync } from "node:fs";
+import { createServer } from "node:net";
+import { tmpdir } from "node:os";
+import { dirname, join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+import { chromium } from "playwright-core";
+
+const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..");
+const args = process.argv.slice(2);
+const flag = (name) => args.includes(name);
+const value = (name, dflt) => (args.includes(name) ? args[args.indexOf(name) + 1] : dflt);
+const noWebgpu = flag("--no-webgpu");
+const expectBackend = noWebgpu ? "gl" : "webgpu";
+const shot = value("--screenshot", join(ROOT, "target", "web-e2e", noWebgpu ? "demo-webgl.png" : "demo.png"));
+const browserPath = process.env.CHROMIUM || "/usr/bin/chromium";
+
+if (!existsSync(join(ROOT, "web", "pkg", "devalloc_web.js"))) {
+  console.error("e2e: web/pkg is missing: run scripts/build-web first");
+  process.exit(2);
+}
+
+const freePort = () =>
+  new Promise((ok, fail) => {
+    const s = createServer();
+    s.on("error", fail);
+    s.listen(0, "127.0.0.1", () => { const { port } = s.address(); s.close(() => ok(port)); });
+  });
+
+async function waitForServer(url, ms) {
+  const end = Date.now() + ms;
+  while (Date.now() < end) {
+    try { if ((await fetch(url)).ok) return; } catch { /* not up yet */ }
+    await new Promise((r) => setTimeout(r, 200));
+  }
+  throw new Error(`the web server at ${url} did not come up`);
+}
+
+const port = await freePort();
+const server = spawn("python3", ["-m", "http.server", "--bind", "127.0.0.1", String(port)], { cwd: ROOT, stdio: "ignore" });
+let browser;
+let results;
+const checks = [];
+const check = (name, ok) => checks.push([name, Boolean(ok)]);
+try {
+  const url = `http://127.0.0.1:${port}/index.html`;
+  await waitForServer(url, 30_000);
+  browser = await chromium.launch({
+    executablePath: browserPath,
+    headless: true,
+    args: [
+      "--no-sandbox", "--disable-dev-shm-usage", "--disable-background-networking", "--disable-component-update",
+      "--no-first-run", "--disable-sync",
+      ...(noWebgpu ? ["--disable-features=WebGPU", "--use-angle=swiftshader", "--enable-unsafe-swiftshader"] : ["--enable-unsafe-webgpu"]),
+    ],
+  });
+  const page = await browser.newPage({ viewport: { width: 1100, height: 1500 } });
+  const consoleLines = [];
+  page.on("console", (m) => { if (m.type() === "error" || m.type() === "warning") consoleLines.push(`${m.type()}: ${m.text()}`); });
+  page.on("pageerror", (e) => consoleLines.push(`pageerror: ${e.message}`));
+  await page.goto(url);
+  let title = null;
+  try {
+    await page.waitForFunction(() => ["devalloc: done", "devalloc: failed"].includes(document.title), null, { timeout: 240_000 });
+    title = await page.title();
+  } catch (e) {
+    console.log(`e2e: the demo did not finish: ${e.message}`);
+  }
+  const raw = await page.locator("#results").textContent();
+  const status = await page.locator("#status").textContent();
+  mkdirSync(dirname(shot), { recursive: true });
+  await page.screenshot({ path: shot, fullPage: true });
+  console.log(`e2e: page ${url}: title ${JSON.stringify(title)}, status ${JSON.stringify(status)}`);
+  console.log(`e2e: screenshot saved to ${shot}`);
+  for (const line of consoleLines.slice(0, 20)) console.log(`e2e: console ${line}`);
+  results = raw ? JSON.parse(raw) : { error: `the page did not finish: ${status}` };
+} finally {
+  if (browser) await browser.close();
+  server.kill();
+}
+
+check("the page finished without an error", results.ok && !results.error);
+check("the round trip was verified", results.roundTrip);
+check(`backend is ${expectBackend}`, results.backend === expectBackend);
+const hostile = results.hostile || [];
+check(`every hostile JS argument was refused with an exception naming it (${hostile.length} cases)`, hostile.length > 10 && hostile.every((h) => h.ok));
+check("refused JS calls changed no stats", results.hostileStatsKept);
+const bench = results.bench || [];
+check("throughput measured at 4 KiB, 1 MiB and 64 MiB", JSON.stringify(bench.map((b) => b.size)) === JSON.stringify([4096, 1 << 20, 64 << 20]));
+check("every throughput figure is positive and its data verified",
+  bench.length && bench.every((b) => b.verified && Math.min(b.upDevalloc, b.upPlain, b.downDevalloc, b.downPlain) > 0));
+check("4-byte latency measured", ((results.latencyUs || {}).devalloc || 0) > 0);
+check("memory chart fed with allocated <= reserved", results.memory && results.memory.every((m) => m.allocated <= m.reserved));
+
+console.log(`e2e: adapter ${JSON.stringify(results.adapter)}`);
+for (const h of hostile) if (!h.ok) console.log(`e2e: hostile ${h.name}: ${h.threw ? `threw "${h.message}"` : "did not throw"}`);
+console.log("e2e:   size     up devalloc  up plain   down devalloc  down plain   (GB/s, median)");
+for (const b of bench) {
+  const f = (v, w) => v.toFixed(3).padStart(w);
+  console.log(`e2e: ${String(b.size).padStart(9)} ${f(b.upDevalloc, 12)} ${f(b.upPlain, 9)} ${f(b.downDevalloc, 15)} ${f(b.downPlain, 11)}`);
+}
+if (results.latencyUs) console.log(`e2e: 4-byte download: devalloc ${results.latencyUs.devalloc.toFixed(0)} us, plain ${results.latencyUs.plain.toFixed(0)} us`);
+const failed = checks.filter(([, ok]) => !ok);
+for (const [name, ok] of checks) console.log(`e2e: ${ok ? "ok  " : "FAIL"} ${name}`);
+if (results.error) console.log(`e2e: the page reported: ${results.error}`);
+console.log(`${checks.length - failed.length} passed, ${failed.length} failed`);
+process.exit(failed.length ? 1 : 0);

@@ -1,0 +1,301 @@
+//! [`AddressWindow`]: the virtual addresses a pool hands out for storages without real ones.
+//!
+//! Layout of an address: bits 63..61 hold the device type + 1, bits 60..53 the device index
+//! (so at most 256 devices of a type), bits 52..0 the offset in the device's window, which is
+//! 2^53 bytes (8 PiB) unless configured smaller. No two devices share an address, and a null
+//! or small integer is never a valid address.
+//!
+//! Reuse rule: a cursor walks the window forward (next fit), so each allocation gets
+//! addresses no one had before, until the cursor wraps around. A freed range is then kept out
+//! of use (*quarantined*) for `quarantine_frees` later frees (2^32 by default): a stale pointer
+//! into it is reported as freed, and can never reach a newer allocation. Only when the window
+//! has no other room is quarantine lifted, least recently freed range first. Neighbouring
+//! freed ranges merge, so the quarantine holds at most about one entry per live allocation.
+//!
+//! So: no range is handed out again within 2^32 frees, unless more than the whole window
+//! (8 PiB, less what is live) has been freed meanwhile; with allocations of 2 MiB or less that
+//! takes more than 2^32 frees anyway. No 64-bit scheme can promise more for every size: 2^32
+//! frees of 2^40 bytes need 2^72 bytes of distinct addresses.
+#![deny(unsafe_code)]
+
+use std::collections::BTreeMap;
+
+use crate::checks::round_up;
+use crate::device::Device;
+
+/// Bits of the per-device window in an address.
+pub(crate) const MAX_WINDOW_BITS: u32 = 53;
+/// Devices of one type that addresses can tell apart.
+pub(crate) const MAX_DEVICES: u32 = 256;
+/// Unused bytes after every allocation, so that an end pointer is never in the next one.
+const GUARD: u64 = 256;
+/// Offsets below this are never handed out.
+const FIRST: u64 = 0x1000;
+
+/// A range handed out: the address and the span it holds (padding and guard included).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Span {
+    /// The address handed out.
+    pub base: u64,
+    lo: u64,
+    hi: u64,
+}
+
+/// Why a reservation failed.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// The request (with its guard) is larger than the window: it never fits.
+    NeverFits { max: u64 },
+    /// Live allocations fill the window.
+    Full,
+}
+
+/// One device's window of virtual addresses; see the module docs.
+pub(crate) struct AddressWindow {
+    start: u64,
+    end: u64,
+    cursor: u64,
+    /// Live spans: lo -> hi.
+    live: BTreeMap<u64, u64>,
+    /// Quarantined spans: lo -> (hi, sequence number of the latest free in it).
+    quarantine: BTreeMap<u64, (u64, u64)>,
+    frees: u64,
+    quarantine_frees: u64,
+}
+
+impl AddressWindow {
+    /// The window of `device`, `size` bytes (a power of two, 2^17..=2^53).
+    pub fn new(device: Device, size: u64, quarantine_frees: u64) -> Self {
+        debug_assert!(size.is_power_of_two() && (2 * FIRST..=1 << MAX_WINDOW_BITS).contains(&size));
+        debug_assert!(device.index < MAX_DEVICES);
+        let base = ((device.device_type as u64 + 1) << 61) | (u64::from(device.index) << MAX_WINDOW_BITS);
+        AddressWindow {
+            start: base + FIRST,
+            // The last bytes stay unused too, so that the top window's end fits in 64 bits.
+            end: base + (size - FIRST),
+            cursor: base + FIRST,
+            live: BTreeMap::new(),
+            quarantine: BTreeMap::new(),
+            frees: 0,
+            quarantine_frees,
+        }
+    }
+
+    /// The largest alignment an address in this window can have.
+    pub fn max_alignment(&self) -> u64 {
+        (self.end - self.start + 2 * FIRST) / 2
+    }
+
+    /// Reserves addresses for `size` bytes aligned to `alignment`.
+    pub fn reserve(&mut self, size: u64, alignment: u64) -> Result<Span, Refused> {
+        let max = self.end - self.start - 2 * GUARD;
+        let need = round_up(size, GUARD).and_then(|n| n.checked_add(GUARD));
+        let need = match need {
+            Some(n) if n <= self.end - self.start && alignment <= self.max_alignment() => n,
+            _ => return Err(Refused::NeverFits { max }),
+        };
+        loop {
+            if let Some(span) = self.next_fit(need, alignment) {
+                self.cursor = span.hi;
+                self.live.insert(span.lo, span.hi);
+                return Ok(span);
+            }
+            if !self.lift_oldest_quarantine() {
+                return Err(Refused::Full);
+            }
+        }
+    }
+
+    /// Next fit from the cursor, wrapping around once.
+    fn next_fit(&mut self, need: u64, alignment: u64) -> Option<Span> {
+        let mut lo = self.cursor;
+        let mut wrapped = false;
+        loop {
+            let fits = round_up(lo, alignment).and_then(|base| Some((base, base.checked_add(need)?)));
+            let (base, hi) = match fits {
+                Some((base, hi)) if hi <= self.end => (base, hi),
+                _ if wrapped => return None,
+                _ => {
+                    wrapped = true;
+                    lo = self.start;
+                    continue;
+                }
+            };
+            match self.conflict(lo, hi) {
+                Some(past) => lo = past,
+                None => return Some(Span { base, lo, hi }),
+            }
+        }
+    }
+
+    /// The end of a live or quarantined span that overlaps `lo..hi`, if any; expired
+    /// quarantine entries met on the way are dropped.
+    fn conflict(&mut self, lo: u64, hi: u64) -> Option<u64> {
+        if let Some((_, &l_hi)) = self.live.range(..hi).next_back() {
+            if l_hi > lo {
+                return Some(l_hi);
+            }
+        }
+        while let Some((&q_lo, &(q_hi, seq))) = self.quarantine.range(..hi).next_back() {
+            if q_hi <= lo {
+                return None;
+            }
+            if self.frees - seq < self.quarantine_frees {
+                return Some(q_hi);
+            }
+            self.quarantine.remove(&q_lo);
+        }
+        None
+    }
+
+    /// Lifts the quarantine of the least recently freed span; false when there is none.
+    fn lift_oldest_quarantine(&mut self) -> bool {
+        let oldest = self.quarantine.iter().min_by_key(|(_, &(_, seq))| seq).map(|(&lo, _)| lo);
+        oldest.and_then(|lo| self.quarantine.remove(&lo)).is_some()
+    }
+
+    /// Gives back a span that was never handed out (its allocation failed): no quarantine.
+    pub fn unreserve(&mut self, span: Span) {
+        self.live.remove(&span.lo);
+    }
+
+    /// Frees a span: it goes into quarantine, merged with freed neighbours.
+    pub fn release(&mut self, span: Span) {
+        self.live.remove(&span.lo);
+        self.frees += 1;
+        let (mut lo, mut hi, seq) = (span.lo, span.hi, self.frees);
+        if let Some((&p_lo, &(p_hi, _))) = self.quarantine.range(..lo).next_back() {
+            if p_hi == lo {
+                self.quarantine.remove(&p_lo);
+                lo = p_lo;
+            }
+        }
+        if let Some(&(n_hi, _)) = self.quarantine.get(&hi) {
+            self.quarantine.remove(&hi);
+            hi = n_hi;
+        }
+        self.quarantine.insert(lo, (hi, seq));
+    }
+
+    /// Whether `addr` lies in a quarantined (recently freed) span.
+    pub fn was_freed(&self, addr: u64) -> bool {
+        self.quarantine
+            .range(..=addr)
+            .next_back()
+            .is_some_and(|(_, &(hi, seq))| addr < hi && self.frees - seq < self.quarantine_frees)
+    }
+
+    /// Quarantine entries held (for tests of the memory bound).
+    #[cfg(test)]
+    fn quarantined(&self) -> usize {
+        self.quarantine.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::DeviceType;
+
+    fn small(quarantine: u64) -> AddressWindow {
+        AddressWindow::new(Device::new(DeviceType::Cpu, 0), 1 << 20, quarantine)
+    }
+
+    #[test]
+    fn devices_and_types_never_share_addresses() {
+        let mut seen = Vec::new();
+        for ty in [DeviceType::Cpu, DeviceType::Vulkan, DeviceType::WebGpu] {
+            for index in [0, 1, 255] {
+                let mut w = AddressWindow::new(Device::new(ty, index), 1 << MAX_WINDOW_BITS, 1 << 32);
+                let s = w.reserve(1 << 40, 256).unwrap();
+                seen.push((s.base, s.hi));
+            }
+        }
+        seen.sort();
+        assert!(seen.windows(2).all(|w| w[0].1 <= w[1].0), "{seen:x?}");
+    }
+
+    #[test]
+    fn addresses_are_aligned_and_do_not_overlap_with_a_guard() {
+        let mut w = small(1 << 32);
+        let a = w.reserve(100, 256).unwrap();
+        let b = w.reserve(1, 4096).unwrap();
+        assert_eq!(b.base % 4096, 0);
+        assert!(b.base > a.base + 100, "one past the end of a is not in b");
+        let e = w.reserve(1 << 20, 256).unwrap_err();
+        assert!(matches!(e, Refused::NeverFits { .. }));
+        assert!(matches!(w.reserve(8, 1 << 20), Err(Refused::NeverFits { .. })), "alignment past the window");
+    }
+
+    #[test]
+    fn freed_ranges_are_not_reused_while_there_is_other_room() {
+        // 1 MiB window, 4 KiB allocations: each takes 4 KiB + 256 of addresses.
+        let mut w = small(1 << 32);
+        let mut freed = Vec::new();
+        for _ in 0..200 {
+            let s = w.reserve(4096, 256).unwrap();
+            assert!(!freed.contains(&s.base), "{:#x} handed out again too soon", s.base);
+            w.release(s);
+            assert!(w.was_freed(s.base) && w.was_freed(s.base + 4096));
+            freed.push(s.base);
+        }
+        // Everything freed so far merged into one quarantine entry.
+        assert!(w.quarantined() <= 2, "{}", w.quarantined());
+    }
+
+    #[test]
+    fn when_the_window_is_full_the_least_recently_freed_goes_first() {
+        let mut w = small(1 << 32);
+        let per = 4096 + 256;
+        let fit = ((1 << 20) - 2 * FIRST) / per;
+        let mut order = Vec::new();
+        for _ in 0..fit {
+            let s = w.reserve(4096, 256).unwrap();
+            order.push(s);
+        }
+        // Free them in a shuffled order; the next reservation must take the first freed.
+        let shuffled: Vec<Span> = order.iter().rev().step_by(3).copied().collect();
+        for s in &shuffled {
+            w.release(*s);
+        }
+        let again = w.reserve(4096, 256).unwrap();
+        assert_eq!(again.lo, shuffled[0].lo, "reused something other than the least recently freed");
+        assert!(!w.was_freed(again.base));
+        assert!(w.was_freed(shuffled[1].base), "the others stay quarantined");
+    }
+
+    #[test]
+    fn quarantine_ends_after_its_count_of_frees() {
+        let mut w = small(3);
+        let a = w.reserve(64, 256).unwrap();
+        let _spacer = w.reserve(64, 256).unwrap(); // keeps later frees from merging with a
+        w.release(a);
+        for _ in 0..2 {
+            let s = w.reserve(64, 256).unwrap();
+            w.release(s);
+        }
+        assert!(w.was_freed(a.base));
+        let s = w.reserve(64, 256).unwrap();
+        w.release(s);
+        assert!(!w.was_freed(a.base), "3 frees later the quarantine of a has ended");
+    }
+
+    #[test]
+    fn a_window_of_live_allocations_is_full() {
+        let mut w = small(1 << 32);
+        let mut n = 0;
+        while w.reserve(60_000, 256).is_ok() {
+            n += 1;
+        }
+        assert_eq!(n, ((1 << 20) - 2 * FIRST) / (60_000u64.next_multiple_of(256) + 256));
+        assert_eq!(w.reserve(60_000, 256), Err(Refused::Full));
+    }
+
+    #[test]
+    fn unreserved_spans_are_not_quarantined() {
+        let mut w = small(1 << 32);
+        let a = w.reserve(64, 256).unwrap();
+        w.unreserve(a);
+        assert!(!w.was_freed(a.base));
+    }
+}

@@ -1,0 +1,139 @@
+//! [`Storage`]: raw device memory of one backend, under the generic [`crate::backend::Pool`].
+#![deny(unsafe_code)]
+
+use std::fmt::Debug;
+
+use crate::allocator::BoxFuture;
+use crate::device::Device;
+use crate::error::Result;
+use crate::WasmNotSendSync;
+
+/// Raw device storage: how one backend allocates, reads, writes and copies a block.
+///
+/// The [`crate::backend::Pool`] above it checks every pointer, offset and length before calling
+/// in, so a storage sees only in-bounds requests on blocks it made. The blocking methods are
+/// required; their `_async` twins default to them (a backend that must not block, the browser,
+/// overrides them).
+pub trait Storage: WasmNotSendSync {
+    /// One block of device memory; dropping it frees it.
+    type Block: WasmNotSendSync;
+
+    /// What a caller may choose per allocation beyond size and alignment (wgpu: buffer usage);
+    /// `()` for none. Part of the cache key: a cached block is reused only for equal params.
+    type Params: Clone + Ord + Default + Debug + WasmNotSendSync;
+
+    /// Whether a block keeps the label it was made with (wgpu fixes a buffer's label at
+    /// creation). If so, the pool's cache keeps blocks of different labels apart, so that a
+    /// reused block never carries another allocation's name.
+    const FIXED_LABELS: bool = false;
+
+    /// The device this storage allocates on.
+    fn device(&self) -> Device;
+
+    /// Block sizes are multiples of this (wgpu: 4).
+    fn granularity(&self) -> u64 {
+        1
+    }
+
+    /// The largest block the device allows.
+    fn max_block_size(&self) -> u64;
+
+    /// Whether blocks have real device addresses ([`Storage::address`]); if not (the default),
+    /// the pool hands out virtual ones.
+    fn has_real_addresses(&self) -> bool {
+        false
+    }
+
+    /// The alignment a block itself needs for an allocation aligned to `alignment`; blocks are
+    /// cached by it. Default: `alignment`. With virtual addresses the address carries the
+    /// alignment, so a storage whose blocks need none (wgpu) returns 1.
+    fn block_alignment(&self, alignment: u64) -> u64 {
+        alignment
+    }
+
+    /// Allocates a block of `capacity` bytes whose start honours `alignment` (as returned by
+    /// [`Storage::block_alignment`]), made with `params` and named `label` where the backend
+    /// names its memory. Running out of device memory must be [`crate::Error::OutOfMemory`]
+    /// (the pool then empties its cache and tries once more); a request that can never fit
+    /// is [`crate::Error::TooLarge`].
+    fn alloc(
+        &self,
+        capacity: u64,
+        alignment: u64,
+        params: &Self::Params,
+        label: Option<&str>,
+    ) -> Result<Self::Block>;
+
+    /// The block's real device address, for storages that have them (CUDA).
+    fn address(&self, block: &Self::Block) -> Option<u64> {
+        let _ = block;
+        None
+    }
+
+    /// A short human name of the device (adapter or GPU name).
+    fn name(&self) -> String {
+        self.device().to_string()
+    }
+
+    /// Checks, before each operation, that the device is still usable (wgpu: not lost). The
+    /// pool calls it first in every allocation, so a lost device fails before any bookkeeping.
+    fn check_usable(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Bytes of staging memory the storage holds now (reported as
+    /// [`crate::AllocatorStats::staging_bytes`]).
+    fn staging_bytes(&self) -> u64 {
+        0
+    }
+
+    /// Writes `src` at `offset` in `block`.
+    fn write(&self, block: &Self::Block, offset: u64, src: &[u8]) -> Result<()>;
+
+    /// Reads `dst.len()` bytes at `offset` in `block`.
+    fn read(&self, block: &Self::Block, offset: u64, dst: &mut [u8]) -> Result<()>;
+
+    /// Copies `len` bytes between two blocks of this storage (possibly the same block, with
+    /// ranges that may overlap: the result must be as if through a temporary).
+    fn copy(
+        &self,
+        src: &Self::Block,
+        src_offset: u64,
+        dst: &Self::Block,
+        dst_offset: u64,
+        len: u64,
+    ) -> Result<()>;
+
+    /// Async twin of [`Storage::write`] for backends that must not block (the browser).
+    /// Default: the blocking write.
+    fn write_async<'a>(
+        &'a self,
+        block: &'a Self::Block,
+        offset: u64,
+        src: &'a [u8],
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(std::future::ready(self.write(block, offset, src)))
+    }
+
+    /// Async twin of [`Storage::read`]. Default: the blocking read.
+    fn read_async<'a>(
+        &'a self,
+        block: &'a Self::Block,
+        offset: u64,
+        dst: &'a mut [u8],
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(std::future::ready(self.read(block, offset, dst)))
+    }
+
+    /// Async twin of [`Storage::copy`]. Default: the blocking copy.
+    fn copy_async<'a>(
+        &'a self,
+        src: &'a Self::Block,
+        src_offset: u64,
+        dst: &'a Self::Block,
+        dst_offset: u64,
+        len: u64,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(std::future::ready(self.copy(src, src_offset, dst, dst_offset, len)))
+    }
+}

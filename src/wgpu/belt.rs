@@ -1,0 +1,367 @@
+//! The staging belt: how host<->device copies reach a GPU buffer that the host cannot map.
+//!
+//! # Protocol
+//!
+//! A GPU buffer is never mapped while the GPU may use it, so copies go through *staging*
+//! buffers, which the belt keeps and reuses:
+//!
+//! - **Small uploads** (up to `small_upload` bytes: 1 MiB, less on GL) are handed to
+//!   `queue.write_buffer`, whose own staging is wgpu's; they travel with the next submit, and
+//!   after 8 MiB of them the queue is flushed so that wgpu's staging stays bounded.
+//! - **Large uploads**, chunk by chunk: take a *mapped* `MAP_WRITE` buffer (one whose re-map
+//!   has completed, or a new one mapped at creation), write the chunk into it, unmap, encode
+//!   `copy_buffer_to_buffer`, submit, and ask for it to be mapped again; it waits in the
+//!   in-flight queue until its map callback says the GPU is done with it. The call returns once
+//!   everything is submitted: queue order makes every later operation see the data.
+//! - **Downloads**: copy a chunk into an idle `MAP_READ` buffer, submit, `map_async`; up to
+//!   [`PIPELINE_DEPTH`] chunks are in flight, so the GPU copies chunk i+1 while the host reads
+//!   chunk i; then unmap and put the buffer back. Reads of at most `small` bytes (64 KiB, or
+//!   less where the device's largest buffer is smaller) use small buffers of their own:
+//!   mapping a few bytes of a chunk-sized buffer measured slower.
+//! - **Ragged ranges**: wgpu copies 4-byte words at 4-byte offsets. A read copies the
+//!   enclosing words and keeps the wanted bytes; a write reads the (at most two) edge words
+//!   first and writes them back merged, under the block's lock, so neighbouring bytes are kept.
+//!
+//! # Budget
+//!
+//! The belt counts the bytes of every staging buffer it holds ([`Belt::bytes`], reported as
+//! `AllocatorStats::staging_bytes`). A buffer coming back while the belt holds more than its
+//! budget is released instead of kept, and a large upload that would take a new buffer past
+//! the budget waits for its oldest in-flight chunk instead (where waiting is allowed: not in a
+//! blocking call in the browser). Downloads in flight can pass the budget by at most
+//! [`PIPELINE_DEPTH`] chunks per concurrent download; once they are done it holds again.
+#![deny(unsafe_code)]
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use futures_channel::oneshot;
+
+use super::platform::{self, CAN_BLOCK};
+use super::storage::{ceil4, floor4, MapResult, WgpuBlock, WgpuStorage, COPY_ALIGN};
+use crate::bounce::Mode;
+use crate::error::Result;
+
+/// Chunks of a download in flight at once.
+pub(crate) const PIPELINE_DEPTH: usize = 3;
+/// Bytes of small uploads after which the queue is flushed.
+const FLUSH_PENDING: u64 = 8 << 20;
+/// Size of the staging buffers of small reads.
+const SMALL_DOWNLOAD: u64 = 64 << 10;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A staging buffer, counted in its belt's bytes while it exists.
+pub(crate) struct Staging {
+    buffer: wgpu::Buffer,
+    bytes: Arc<AtomicU64>,
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        self.bytes.fetch_sub(self.buffer.size(), Ordering::Relaxed);
+    }
+}
+
+/// An upload buffer being mapped again after its copy.
+struct Remapping {
+    staging: Staging,
+    mapped: oneshot::Receiver<MapResult>,
+    index: wgpu::SubmissionIndex,
+}
+
+#[derive(Default)]
+struct Kept {
+    uploads: VecDeque<Remapping>,
+    downloads: Vec<Staging>,
+    small_downloads: Vec<Staging>,
+}
+
+/// Reusable staging buffers of one device; see the module docs for the protocol.
+pub(crate) struct Belt {
+    /// Bytes of one staging buffer: one chunk of a large copy.
+    pub chunk: u64,
+    small: u64,
+    small_upload: u64,
+    budget: u64,
+    bytes: Arc<AtomicU64>,
+    kept: Mutex<Kept>,
+    pending_small: AtomicU64,
+}
+
+impl Belt {
+    pub(crate) fn new(info: &wgpu::AdapterInfo, chunk: u64, budget: Option<u64>, max_buffer: u64) -> Self {
+        let small_upload = if info.backend == wgpu::Backend::Gl { 64 << 10 } else { 1 << 20 };
+        Belt {
+            chunk,
+            small: SMALL_DOWNLOAD.min(max_buffer),
+            small_upload,
+            budget: budget.unwrap_or(8 * chunk),
+            bytes: Arc::default(),
+            kept: Mutex::default(),
+            pending_small: AtomicU64::new(0),
+        }
+    }
+
+    /// Bytes of staging buffers held now.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    fn over_budget(&self) -> bool {
+        self.bytes() > self.budget
+    }
+
+    fn make(
+        &self,
+        s: &WgpuStorage,
+        label: &str,
+        size: u64,
+        usage: wgpu::BufferUsages,
+        mapped: bool,
+    ) -> Result<Staging> {
+        let buffer = s.create(label, size, usage, mapped)?;
+        self.bytes.fetch_add(size, Ordering::Relaxed);
+        Ok(Staging { buffer, bytes: Arc::clone(&self.bytes) })
+    }
+
+    /// A mapped upload buffer: a re-mapped one, a new one within the budget, or (past it) the
+    /// oldest in flight once it is back.
+    async fn take_upload(&self, s: &WgpuStorage, mode: Mode) -> Result<Staging> {
+        let mut polled = false;
+        loop {
+            let front = lock(&self.kept).uploads.pop_front();
+            let Some(mut r) = front else { break };
+            match r.mapped.try_recv() {
+                Ok(Some(Ok(()))) => return Ok(r.staging),
+                Ok(Some(Err(_))) | Err(oneshot::Canceled) => continue, // dropped: not reusable
+                Ok(None) if !polled => {
+                    // Give map callbacks of earlier uploads a chance to run.
+                    polled = true;
+                    lock(&self.kept).uploads.push_front(r);
+                    platform::poll_now(&s.device);
+                }
+                Ok(None) => {
+                    let within = self.bytes() + self.chunk <= self.budget;
+                    if within || (mode == Mode::Blocking && !CAN_BLOCK) {
+                        lock(&self.kept).uploads.push_front(r);
+                        break;
+                    }
+                    s.wait_mapped(r.mapped, Some(r.index), mode).await?;
+                    return Ok(r.staging);
+                }
+            }
+        }
+        let usage = wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC;
+        self.make(s, "devalloc upload staging", self.chunk, usage, true)
+    }
+
+    /// Maps an upload buffer again after its copy, or releases it past the budget.
+    fn recycle_upload(&self, s: &WgpuStorage, staging: Staging, index: wgpu::SubmissionIndex) {
+        if self.over_budget() {
+            return;
+        }
+        let mapped = s.map(&staging.buffer, wgpu::MapMode::Write, 0..staging.buffer.size());
+        lock(&self.kept).uploads.push_back(Remapping { staging, mapped, index });
+    }
+
+    /// An idle download buffer for `n` bytes (a small one for small reads).
+    fn take_download(&self, s: &WgpuStorage, n: u64) -> Result<Staging> {
+        let small = n <= self.small;
+        let kept = {
+            let mut kept = lock(&self.kept);
+            if small {
+                kept.small_downloads.pop()
+            } else {
+                kept.downloads.pop()
+            }
+        };
+        if let Some(b) = kept {
+            return Ok(b);
+        }
+        let usage = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
+        self.make(s, "devalloc download staging", if small { self.small } else { self.chunk }, usage, false)
+    }
+
+    /// Puts a download buffer back, or releases it past the budget.
+    fn return_download(&self, b: Staging) {
+        if self.over_budget() {
+            return;
+        }
+        let mut kept = lock(&self.kept);
+        if b.buffer.size() == self.small && self.small != self.chunk {
+            kept.small_downloads.push(b);
+        } else {
+            kept.downloads.push(b);
+        }
+    }
+}
+
+impl WgpuStorage {
+    /// Uploads the bytes of `parts` (concatenated, whole words) to `dst[at..]`: small ones
+    /// through the queue, large ones through the belt.
+    pub(crate) async fn upload_aligned(
+        &self,
+        dst: &wgpu::Buffer,
+        at: u64,
+        parts: &[&[u8]],
+        mode: Mode,
+    ) -> Result<()> {
+        let total: u64 = parts.iter().map(|p| p.len() as u64).sum();
+        debug_assert!(at.is_multiple_of(COPY_ALIGN) && total.is_multiple_of(COPY_ALIGN));
+        let Some(size) = wgpu::BufferSize::new(total) else { return Ok(()) };
+        let belt = &self.belt;
+        if total <= belt.small_upload {
+            let written = self.scoped("devalloc small upload", total, || {
+                let Some(mut view) = self.queue.write_buffer_with(dst, at, size) else { return false };
+                let mut filled = 0;
+                for p in parts {
+                    view.slice(filled..filled + p.len()).copy_from_slice(p);
+                    filled += p.len();
+                }
+                true
+            })?;
+            if !written {
+                return Err(self.backend_error("small upload", "wgpu refused the write"));
+            }
+            let before = belt.pending_small.fetch_add(total, Ordering::Relaxed);
+            if before + total >= FLUSH_PENDING {
+                belt.pending_small.store(0, Ordering::Relaxed);
+                self.queue.submit([]);
+            }
+            return Ok(());
+        }
+        let mut src = Pieces::new(parts);
+        let mut done = 0;
+        while done < total {
+            let n = (total - done).min(belt.chunk);
+            let staging = belt.take_upload(self, mode).await?;
+            {
+                let mut view = staging
+                    .buffer
+                    .get_mapped_range_mut(0..n)
+                    .map_err(|e| self.backend_error("upload staging", e))?;
+                let mut filled = 0usize;
+                while (filled as u64) < n {
+                    let piece = src.next_piece((n as usize) - filled);
+                    view.slice(filled..filled + piece.len()).copy_from_slice(piece);
+                    filled += piece.len();
+                }
+            }
+            staging.buffer.unmap();
+            let index = self.submit("devalloc upload", |enc| {
+                enc.copy_buffer_to_buffer(&staging.buffer, 0, dst, at + done, n)
+            })?;
+            belt.recycle_upload(self, staging, index);
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Writes `src` at `offset`, keeping the bytes around a ragged range.
+    pub(crate) async fn write_staged(
+        &self,
+        block: &WgpuBlock,
+        offset: u64,
+        src: &[u8],
+        mode: Mode,
+    ) -> Result<()> {
+        let end = offset + src.len() as u64;
+        let (a0, a1) = (floor4(offset), ceil4(end));
+        if a0 == offset && a1 == end {
+            return self.upload_aligned(&block.buffer, offset, &[src], mode).await;
+        }
+        // Ragged: read the edge words, merge, write the whole words. The lock keeps two
+        // ragged writes that share a word from undoing each other.
+        let _guard = block.lock.lock().await;
+        let (head_len, tail_len) = ((offset - a0) as usize, (a1 - end) as usize);
+        let mut head = [0u8; 4];
+        let mut tail = [0u8; 4];
+        if a1 - a0 == 4 {
+            // One word holds the whole range.
+            self.read_staged(block, a0, &mut head, mode).await?;
+            head[head_len..head_len + src.len()].copy_from_slice(src);
+            return self.upload_aligned(&block.buffer, a0, &[&head], mode).await;
+        }
+        if head_len > 0 {
+            self.read_staged(block, a0, &mut head, mode).await?;
+        }
+        if tail_len > 0 {
+            self.read_staged(block, a1 - 4, &mut tail, mode).await?;
+        }
+        self.upload_aligned(&block.buffer, a0, &[&head[..head_len], src, &tail[4 - tail_len..]], mode).await
+    }
+
+    /// Reads `dst.len()` bytes at `offset` through staging, chunked and pipelined.
+    pub(crate) async fn read_staged(
+        &self,
+        block: &WgpuBlock,
+        offset: u64,
+        dst: &mut [u8],
+        mode: Mode,
+    ) -> Result<()> {
+        let end = offset + dst.len() as u64;
+        let (a0, a1) = (floor4(offset), ceil4(end));
+        let total = a1 - a0;
+        let belt = &self.belt;
+        let mut inflight = VecDeque::new();
+        let mut pos = 0;
+        while pos < total || !inflight.is_empty() {
+            while pos < total && inflight.len() < PIPELINE_DEPTH {
+                let n = (total - pos).min(belt.chunk);
+                let staging = belt.take_download(self, n)?;
+                let index = self.submit("devalloc download", |enc| {
+                    enc.copy_buffer_to_buffer(&block.buffer, a0 + pos, &staging.buffer, 0, n)
+                })?;
+                let mapped = self.map(&staging.buffer, wgpu::MapMode::Read, 0..n);
+                inflight.push_back((staging, pos, n, mapped, index));
+                pos += n;
+            }
+            let Some((staging, cpos, n, mapped, index)) = inflight.pop_front() else { break };
+            self.wait_mapped(mapped, Some(index), mode).await?;
+            {
+                let view = staging
+                    .buffer
+                    .get_mapped_range(0..n)
+                    .map_err(|e| self.backend_error("download staging", e))?;
+                // The chunk covers [a0 + cpos, a0 + cpos + n); keep its part inside [offset, end).
+                let lo = (a0 + cpos).max(offset);
+                let hi = (a0 + cpos + n).min(end);
+                dst[(lo - offset) as usize..(hi - offset) as usize]
+                    .copy_from_slice(&view[(lo - a0 - cpos) as usize..(hi - a0 - cpos) as usize]);
+            }
+            staging.buffer.unmap();
+            belt.return_download(staging);
+        }
+        Ok(())
+    }
+}
+
+/// Walks a list of byte slices as one stream.
+struct Pieces<'a> {
+    parts: &'a [&'a [u8]],
+    part: usize,
+    at: usize,
+}
+
+impl<'a> Pieces<'a> {
+    fn new(parts: &'a [&'a [u8]]) -> Self {
+        Pieces { parts, part: 0, at: 0 }
+    }
+
+    /// The next contiguous piece, at most `max` bytes.
+    fn next_piece(&mut self, max: usize) -> &'a [u8] {
+        while self.part < self.parts.len() && self.at == self.parts[self.part].len() {
+            self.part += 1;
+            self.at = 0;
+        }
+        let Some(p) = self.parts.get(self.part) else { return &[] };
+        let n = (p.len() - self.at).min(max);
+        let piece = &p[self.at..self.at + n];
+        self.at += n;
+        piece
+    }
+}

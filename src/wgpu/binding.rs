@@ -1,0 +1,230 @@
+//! Handing devalloc memory to an app's own pipelines: [`BufferRange`] and its checked
+//! bindings, and copies between devalloc memory and buffers the app made itself.
+#![deny(unsafe_code)]
+
+use std::ops::Range;
+
+use super::options::Route;
+use super::storage::{aligned, WgpuStorage};
+use super::WgpuAllocator;
+use crate::bounce::run_blocking;
+use crate::device::{Device, DeviceIndex};
+use crate::error::{Error, Result};
+use crate::ptr::DevicePtr;
+
+/// What a buffer binding is for: the limits on its offset and size differ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BindingKind {
+    /// `var<storage, read>` or `var<storage, read_write>`.
+    Storage,
+    /// `var<uniform>`.
+    Uniform,
+}
+
+/// The binding limits of a device.
+#[derive(Clone, Copy, Debug)]
+struct BindLimits {
+    storage_offset: u64,
+    uniform_offset: u64,
+    storage_size: u64,
+    uniform_size: u64,
+}
+
+/// The wgpu buffer behind a range of devalloc memory, to use in an app's own pipelines.
+///
+/// A cached allocator reuses freed buffers: a bind group (or any command) made from a range
+/// must not outlive the allocation, or it reaches whatever is allocated in that buffer next.
+#[derive(Clone, Debug)]
+pub struct BufferRange {
+    /// The buffer (a cheap handle clone).
+    pub buffer: wgpu::Buffer,
+    /// The byte range of the buffer.
+    pub range: Range<u64>,
+    device: Device,
+    limits: BindLimits,
+}
+
+impl BufferRange {
+    /// Bytes in the range.
+    pub fn len(&self) -> u64 {
+        self.range.end - self.range.start
+    }
+
+    /// Whether the range is empty.
+    pub fn is_empty(&self) -> bool {
+        self.range.is_empty()
+    }
+
+    /// A binding of the range for a bind group entry, checked against what the device can
+    /// bind: a non-empty size, an offset that is a multiple of the device's
+    /// `min_{storage,uniform}_buffer_offset_alignment`, a size within
+    /// `max_{storage,uniform}_buffer_binding_size` (and a multiple of 4 for storage), and a
+    /// buffer with the usage. Each refusal names the limit.
+    pub fn binding(&self, kind: BindingKind) -> Result<wgpu::BufferBinding<'_>> {
+        let (offset, size) = (self.range.start, self.len());
+        let (usage, align, max, names) = match kind {
+            BindingKind::Storage => (
+                wgpu::BufferUsages::STORAGE,
+                self.limits.storage_offset,
+                self.limits.storage_size,
+                ("STORAGE", "min_storage_buffer_offset_alignment", "max_storage_buffer_binding_size"),
+            ),
+            BindingKind::Uniform => (
+                wgpu::BufferUsages::UNIFORM,
+                self.limits.uniform_offset,
+                self.limits.uniform_size,
+                ("UNIFORM", "min_uniform_buffer_offset_alignment", "max_uniform_buffer_binding_size"),
+            ),
+        };
+        let refuse = |why: String| {
+            Err(Error::invalid_argument(format!(
+                "cannot bind {} bytes at offset {offset} of a {kind:?} binding on {}: {why}",
+                size, self.device
+            )))
+        };
+        if size == 0 {
+            return refuse("a binding needs at least one byte (wgpu has no empty binding)".into());
+        }
+        if !self.buffer.usage().contains(usage) {
+            return refuse(format!("the buffer lacks {} usage (allocate it with that usage)", names.0));
+        }
+        if offset % align != 0 {
+            return refuse(format!("the offset is not a multiple of {} ({align})", names.1));
+        }
+        if size > max {
+            return refuse(format!("the size is past {} ({max})", names.2));
+        }
+        if kind == BindingKind::Storage && size % 4 != 0 {
+            return refuse("a storage binding's size must be a multiple of 4".into());
+        }
+        Ok(wgpu::BufferBinding { buffer: &self.buffer, offset, size: wgpu::BufferSize::new(size) })
+    }
+
+    /// The range as a slice (vertex or index buffers, `copy_buffer_to_buffer` through
+    /// `slice.buffer()`); an empty range is an error.
+    pub fn slice(&self) -> Result<wgpu::BufferSlice<'_>> {
+        if self.is_empty() {
+            return Err(Error::invalid_argument(format!(
+                "an empty buffer range on {} has no slice",
+                self.device
+            )));
+        }
+        Ok(self.buffer.slice(self.range.clone()))
+    }
+}
+
+impl WgpuAllocator {
+    fn range_of(&self, s: &WgpuStorage, buffer: wgpu::Buffer, range: Range<u64>) -> BufferRange {
+        let l = &s.limits;
+        let limits = BindLimits {
+            storage_offset: l.min_storage_buffer_offset_alignment.into(),
+            uniform_offset: l.min_uniform_buffer_offset_alignment.into(),
+            storage_size: l.max_storage_buffer_binding_size,
+            uniform_size: l.max_uniform_buffer_binding_size,
+        };
+        BufferRange { buffer, range, device: s.id, limits }
+    }
+
+    /// The buffer behind `ptr`, from `ptr` to the end of its allocation.
+    pub fn buffer(&self, ptr: DevicePtr, index: DeviceIndex) -> Result<BufferRange> {
+        let pool = self.pool(index)?;
+        let r = pool.block_at(ptr, 0).map_err(|e| self.foreign(index, ptr, e))?;
+        let range = r.offset..r.offset + r.available;
+        Ok(self.range_of(pool.storage(), r.block.buffer.clone(), range))
+    }
+
+    /// The buffer behind `len` bytes at `ptr`, checked against the allocation.
+    pub fn buffer_range(&self, ptr: DevicePtr, len: u64, index: DeviceIndex) -> Result<BufferRange> {
+        let pool = self.pool(index)?;
+        let r = pool.block_at(ptr, len).map_err(|e| self.foreign(index, ptr, e))?;
+        Ok(self.range_of(pool.storage(), r.block.buffer.clone(), r.offset..r.offset + len))
+    }
+
+    /// The offset alignment at which any range can be bound on device `index`, as storage or
+    /// as uniform: the larger of the device's two minimum offset alignments. Lay out memory
+    /// plans with it ([`crate::PlanLayout`]) so that every tensor can be bound on its own.
+    pub fn binding_alignment(&self, index: DeviceIndex) -> Result<usize> {
+        let l = &self.pool(index)?.storage().limits;
+        Ok(l.min_storage_buffer_offset_alignment.max(l.min_uniform_buffer_offset_alignment) as usize)
+    }
+
+    /// Copies `len` bytes of devalloc memory at `src` into an app's own `dst` buffer at
+    /// `dst_offset`, on the GPU, ordered before every later operation. Whole 4-byte words
+    /// only, as wgpu copies; `dst` needs `COPY_DST` usage and must belong to this device.
+    pub fn copy_to_buffer(
+        &self,
+        src: DevicePtr,
+        dst: &wgpu::Buffer,
+        dst_offset: u64,
+        len: u64,
+        index: DeviceIndex,
+    ) -> Result<()> {
+        self.copy_app_buffer(index, src, dst, dst_offset, len, true)
+    }
+
+    /// Copies `len` bytes of an app's own `src` buffer at `src_offset` into devalloc memory at
+    /// `dst`, on the GPU, ordered before every later operation (see
+    /// [`WgpuAllocator::copy_to_buffer`] for the rules).
+    pub fn copy_from_buffer(
+        &self,
+        dst: DevicePtr,
+        src: &wgpu::Buffer,
+        src_offset: u64,
+        len: u64,
+        index: DeviceIndex,
+    ) -> Result<()> {
+        self.copy_app_buffer(index, dst, src, src_offset, len, false)
+    }
+
+    fn copy_app_buffer(
+        &self,
+        index: DeviceIndex,
+        ptr: DevicePtr,
+        app: &wgpu::Buffer,
+        app_offset: u64,
+        len: u64,
+        to_app: bool,
+    ) -> Result<()> {
+        let pool = self.pool(index)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let s = pool.storage();
+        let r = pool.block_at(ptr, len).map_err(|e| self.foreign(index, ptr, e))?;
+        let (usage, flag) = if to_app {
+            (wgpu::BufferUsages::COPY_DST, "COPY_DST")
+        } else {
+            (wgpu::BufferUsages::COPY_SRC, "COPY_SRC")
+        };
+        let refuse = |why: String| {
+            Err(Error::invalid_argument(format!(
+                "copying {len} bytes {} an app buffer on {}: {why}",
+                if to_app { "to" } else { "from" },
+                s.id
+            )))
+        };
+        if !aligned(app_offset, len) || !aligned(r.offset, 0) {
+            return refuse("wgpu copies whole 4-byte words at 4-byte offsets".into());
+        }
+        if app_offset.checked_add(len).is_none_or(|end| end > app.size()) {
+            return refuse(format!(
+                "{len} bytes at offset {app_offset} run past the buffer's {} bytes",
+                app.size()
+            ));
+        }
+        if !app.usage().contains(usage) {
+            return refuse(format!("the buffer lacks {flag} usage"));
+        }
+        let ours = &r.block.buffer;
+        // On the direct route the buffer may be mapped by a copy right now: wait for it.
+        let _guard = (s.route == Route::Direct).then(|| run_blocking(r.block.lock.lock()));
+        s.submit("devalloc app-buffer copy", |enc| {
+            if to_app {
+                enc.copy_buffer_to_buffer(ours, r.offset, app, app_offset, len)
+            } else {
+                enc.copy_buffer_to_buffer(app, app_offset, ours, r.offset, len)
+            }
+        })
+        .map(drop)
+    }
+}

@@ -1,0 +1,67 @@
+//! The direct route: on adapters whose memory the host shares (CPU, integrated) and that offer
+//! `MAPPABLE_PRIMARY_BUFFERS`, host<->device copies map the buffer itself, no staging.
+//!
+//! A mapped buffer cannot be used by the GPU, so the block's lock keeps a mapping and the GPU
+//! copies devalloc queues on the block apart, and each copy maps only the words it touches
+//! (from an 8-byte boundary, as wgpu asks) and unmaps before returning. Work the app itself
+//! queues on a devalloc buffer must be finished (or not yet submitted) when it copies through
+//! devalloc on this route: wgpu refuses to submit work on a mapped buffer.
+#![deny(unsafe_code)]
+
+use std::ops::Range;
+
+use super::storage::{ceil4, WgpuBlock, WgpuStorage};
+use crate::bounce::Mode;
+use crate::error::Result;
+
+impl WgpuStorage {
+    /// Maps the words around `offset..offset + len` of the block itself, runs `f` on the
+    /// buffer, that range and the offset of `offset` in it, and unmaps.
+    async fn with_mapped(
+        &self,
+        block: &WgpuBlock,
+        map_mode: wgpu::MapMode,
+        offset: u64,
+        len: usize,
+        mode: Mode,
+        f: impl FnOnce(&wgpu::Buffer, Range<u64>, usize) -> std::result::Result<(), wgpu::MapRangeError>,
+    ) -> Result<()> {
+        let range = offset & !(wgpu::MAP_ALIGNMENT - 1)..ceil4(offset + len as u64);
+        let _guard = block.lock.lock().await;
+        self.check_lost()?;
+        let mapped = self.map(&block.buffer, map_mode, range.clone());
+        self.wait_mapped(mapped, None, mode).await?;
+        let at = (offset - range.start) as usize;
+        let r = f(&block.buffer, range, at).map_err(|e| self.backend_error("mapping a device buffer", e));
+        block.buffer.unmap();
+        r
+    }
+
+    pub(crate) async fn write_direct(
+        &self,
+        block: &WgpuBlock,
+        offset: u64,
+        src: &[u8],
+        mode: Mode,
+    ) -> Result<()> {
+        self.with_mapped(block, wgpu::MapMode::Write, offset, src.len(), mode, |buffer, range, at| {
+            buffer
+                .get_mapped_range_mut(range)
+                .map(|mut view| view.slice(at..at + src.len()).copy_from_slice(src))
+        })
+        .await
+    }
+
+    pub(crate) async fn read_direct(
+        &self,
+        block: &WgpuBlock,
+        offset: u64,
+        dst: &mut [u8],
+        mode: Mode,
+    ) -> Result<()> {
+        self.with_mapped(block, wgpu::MapMode::Read, offset, dst.len(), mode, |buffer, range, at| {
+            buffer.get_mapped_range(range).map(|view| dst.copy_from_slice(&view[at..at + dst.len()]))
+        })
+        .await
+    }
+}

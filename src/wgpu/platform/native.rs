@@ -1,0 +1,259 @@
+//! The native side of the platform seam (see the parent module).
+#![deny(unsafe_code)]
+
+use std::future::Future;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::task::{Context, Poll, Waker};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use futures_channel::oneshot;
+
+use super::MustWait;
+use crate::bounce::Mode;
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::wgpu::lost::LostRecord;
+use crate::wgpu::storage::WgpuStorage;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Every blocking call is allowed on native.
+pub(crate) fn blocking_allowed(_s: &WgpuStorage, _what: MustWait) -> Result<()> {
+    Ok(())
+}
+
+/// Polls without blocking; false when wgpu panicked (a driver-level loss).
+pub(crate) fn poll_now(device: &wgpu::Device) -> bool {
+    catch_unwind(AssertUnwindSafe(|| {
+        let _ = device.poll(wgpu::PollType::Poll);
+    }))
+    .is_ok()
+}
+
+/// The verdict of an error scope: on native (wgpu-core) the future is ready at once.
+pub(crate) fn settle(
+    verdict: impl Future<Output = Option<wgpu::Error>>,
+    _id: Device,
+    _what: &str,
+) -> Option<wgpu::Error> {
+    let mut fut = std::pin::pin!(verdict);
+    match fut.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(v) => v,
+        Poll::Pending => pollster::block_on(fut),
+    }
+}
+
+/// Every adapter of `backend`.
+pub(crate) async fn adapters(instance: &wgpu::Instance, backend: wgpu::Backend) -> Vec<wgpu::Adapter> {
+    instance.enumerate_adapters(backend.into()).await
+}
+
+type RecordTable = Vec<(wgpu::Device, u64, Weak<LostRecord>)>;
+static RECORDS: Mutex<RecordTable> = Mutex::new(Vec::new());
+static SERIAL: AtomicU64 = AtomicU64::new(1);
+
+/// The lost record of `device`, made by `make(serial)` if it has none yet.
+pub(crate) fn record_of(device: &wgpu::Device, make: impl FnOnce(u64) -> Arc<LostRecord>) -> Arc<LostRecord> {
+    let mut table = lock(&RECORDS);
+    if let Some(r) = table.iter().find(|(d, ..)| d == device).and_then(|(_, _, w)| w.upgrade()) {
+        return r;
+    }
+    let serial = SERIAL.fetch_add(1, Ordering::Relaxed);
+    let record = make(serial);
+    table.retain(|(d, ..)| d != device);
+    table.push((device.clone(), serial, Arc::downgrade(&record)));
+    record
+}
+
+/// Drops the table's entry of a record that is going away.
+pub(crate) fn forget_record(serial: u64) {
+    lock(&RECORDS).retain(|(_, s, _)| *s != serial);
+}
+
+/// How long one poll of the polling thread may wait: short, since a waiting poll holds the
+/// device's locks (on GL the context lock too) and so stalls other threads' calls meanwhile.
+const POLL_SLICE: Duration = Duration::from_millis(2);
+
+struct PollerState {
+    watchers: usize,
+    wakers: Vec<Waker>,
+    stop: bool,
+}
+
+struct PollerShared {
+    device: wgpu::Device,
+    lost: Arc<LostRecord>,
+    state: Mutex<PollerState>,
+    cv: Condvar,
+}
+
+/// What lets async waits on native return `Pending` and be woken: a thread per device,
+/// started on the first async wait, that polls with short timeouts while anyone waits. Map
+/// callbacks and the app's `on_device_lost` then run on it.
+pub(crate) struct Waiter {
+    shared: Arc<PollerShared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Waiter {
+    pub(crate) fn new(device: &wgpu::Device, lost: &Arc<LostRecord>) -> Self {
+        let state = PollerState { watchers: 0, wakers: Vec::new(), stop: false };
+        let shared = PollerShared {
+            device: device.clone(),
+            lost: Arc::clone(lost),
+            state: Mutex::new(state),
+            cv: Condvar::new(),
+        };
+        Waiter { shared: Arc::new(shared), thread: Mutex::new(None) }
+    }
+
+    fn watch(&self, waker: &Waker, first: bool) {
+        {
+            let mut st = lock(&self.shared.state);
+            if first {
+                st.watchers += 1;
+            }
+            if !st.wakers.iter().any(|w| w.will_wake(waker)) {
+                st.wakers.push(waker.clone());
+            }
+        }
+        self.shared.cv.notify_one();
+        let mut thread = lock(&self.thread);
+        if thread.is_none() {
+            let shared = Arc::clone(&self.shared);
+            let spawned =
+                std::thread::Builder::new().name("devalloc-poll".into()).spawn(move || poll_loop(&shared));
+            match spawned {
+                Ok(handle) => *thread = Some(handle),
+                Err(e) => {
+                    self.shared.lost.mark(None, &format!("could not start devalloc's polling thread: {e}"))
+                }
+            }
+        }
+    }
+
+    fn unwatch(&self) {
+        let mut st = lock(&self.shared.state);
+        st.watchers -= 1;
+        if st.watchers == 0 {
+            st.wakers.clear();
+        }
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        lock(&self.shared.state).stop = true;
+        self.shared.cv.notify_all();
+        if let Some(t) = lock(&self.thread).take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn poll_loop(shared: &PollerShared) {
+    loop {
+        {
+            let mut st = lock(&shared.state);
+            while st.watchers == 0 && !st.stop {
+                st = shared.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+            }
+            if st.stop {
+                return;
+            }
+        }
+        let wait = wgpu::PollType::Wait { submission_index: None, timeout: Some(POLL_SLICE) };
+        match catch_unwind(AssertUnwindSafe(|| shared.device.poll(wait))) {
+            Err(_) => shared.lost.mark(None, "polling the device panicked (a driver-level loss)"),
+            Ok(Ok(wgpu::PollStatus::QueueEmpty)) => std::thread::sleep(Duration::from_micros(50)),
+            Ok(Ok(_) | Err(wgpu::PollError::Timeout)) => {}
+            Ok(Err(e)) => {
+                log::warn!("devalloc: polling a device: {e}");
+                std::thread::sleep(POLL_SLICE);
+            }
+        }
+        if shared.lost.is_lost() {
+            let wakers = std::mem::take(&mut lock(&shared.state).wakers);
+            wakers.into_iter().for_each(Waker::wake);
+        }
+    }
+}
+
+/// A wait for a callback's value, woken by the callback or by the polling thread on a loss.
+struct Waiting<'a, T> {
+    rx: oneshot::Receiver<T>,
+    waiter: &'a Waiter,
+    watching: bool,
+}
+
+impl<T> Future for Waiting<'_, T> {
+    type Output = Option<T>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
+        match Pin::new(&mut self.rx).poll(cx) {
+            Poll::Ready(v) => return Poll::Ready(v.ok()),
+            Poll::Pending if self.waiter.shared.lost.is_lost() => return Poll::Ready(None),
+            Poll::Pending => {}
+        }
+        let first = !self.watching;
+        self.watching = true;
+        self.waiter.watch(cx.waker(), first);
+        Poll::Pending
+    }
+}
+
+impl<T> Drop for Waiting<'_, T> {
+    fn drop(&mut self) {
+        if self.watching {
+            self.waiter.unwatch();
+        }
+    }
+}
+
+/// Waits until `rx` has its value: blocking polls inline; async ones return `Pending` and are
+/// woken through the polling thread. `index`: the submission the value waits for, if known.
+pub(crate) async fn wait<T>(
+    s: &WgpuStorage,
+    mut rx: oneshot::Receiver<T>,
+    index: Option<wgpu::SubmissionIndex>,
+    mode: Mode,
+) -> Result<T> {
+    let got = match mode {
+        Mode::Async => Waiting { rx, waiter: &s.waiter, watching: false }.await,
+        Mode::Blocking => loop {
+            match rx.try_recv() {
+                Ok(Some(v)) => break Some(v),
+                Err(oneshot::Canceled) => break None,
+                Ok(None) if s.lost.is_lost() => break None,
+                Ok(None) => {}
+            }
+            let wait = wgpu::PollType::Wait { submission_index: index.clone(), timeout: None };
+            match catch_unwind(AssertUnwindSafe(|| s.device.poll(wait))) {
+                Err(_) => s.lost.mark(None, "polling the device panicked (a driver-level loss)"),
+                Ok(Err(e)) => {
+                    log::error!("devalloc: polling {}: {e}", s.id);
+                    break rx.try_recv().ok().flatten();
+                }
+                Ok(Ok(_)) => {}
+            }
+        },
+    };
+    got.ok_or_else(|| match s.lost.is_lost() {
+        true => s.lost.error(s.id),
+        false => Error::backend(s.id, "wgpu dropped a callback devalloc was waiting for"),
+    })
+}
+
+/// Whether a blocking call may wait here (it may on native).
+pub(crate) const CAN_BLOCK: bool = true;
+
+/// Opens devices, blocking.
+pub(crate) fn open_blocking<T>(open: impl Future<Output = Result<T>>) -> Result<T> {
+    pollster::block_on(open)
+}

@@ -1,0 +1,164 @@
+//! The browser side of the platform seam (see the parent module).
+#![deny(unsafe_code)]
+
+use std::cell::RefCell;
+use std::future::Future;
+use std::sync::{Arc, Weak};
+
+use futures_channel::oneshot;
+use wasm_bindgen::JsCast;
+
+use super::MustWait;
+use crate::bounce::Mode;
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::wgpu::lost::LostRecord;
+use crate::wgpu::storage::WgpuStorage;
+
+/// In the browser nothing may block: a call that would have to wait is refused with an error
+/// that names its async twin.
+pub(crate) fn blocking_allowed(s: &WgpuStorage, what: MustWait) -> Result<()> {
+    let (operation, twin) = what.names();
+    Err(Error::NotSupported {
+        operation,
+        device_type: s.id.device_type,
+        reason: format!(
+            "in the browser this has to wait for the GPU and nothing may block: use {twin} (e.g. {twin}(...).await)"
+        ),
+    })
+}
+
+/// Runs ready callbacks without waiting (WebGL2 needs it; on WebGPU it does nothing).
+pub(crate) fn poll_now(device: &wgpu::Device) -> bool {
+    let _ = device.poll(wgpu::PollType::Poll);
+    true
+}
+
+/// The verdict of an error scope arrives later in the browser, and nothing may wait for it:
+/// what it catches is logged.
+pub(crate) fn settle(
+    verdict: impl Future<Output = Option<wgpu::Error>> + 'static,
+    id: Device,
+    what: &str,
+) -> Option<wgpu::Error> {
+    let what = what.to_string();
+    wasm_bindgen_futures::spawn_local(async move {
+        if let Some(e) = verdict.await {
+            log::error!("devalloc: {id}: {what}: {e}");
+        }
+    });
+    None
+}
+
+/// The browser's adapter (one, through `request_adapter`); WebGL2 offers one only for a
+/// surface, so the GL backend gets a 1x1 offscreen canvas.
+pub(crate) async fn adapters(instance: &wgpu::Instance, backend: wgpu::Backend) -> Vec<wgpu::Adapter> {
+    let surface = if backend == wgpu::Backend::Gl {
+        web_sys::OffscreenCanvas::new(1, 1)
+            .ok()
+            .and_then(|c| instance.create_surface(wgpu::SurfaceTarget::OffscreenCanvas(c)).ok())
+    } else {
+        None
+    };
+    let opts = wgpu::RequestAdapterOptions { compatible_surface: surface.as_ref(), ..Default::default() };
+    instance.request_adapter(&opts).await.into_iter().collect()
+}
+
+thread_local! {
+    static RECORDS: RefCell<Vec<(wgpu::Device, u64, Weak<LostRecord>)>> = const { RefCell::new(Vec::new()) };
+    static SERIAL: std::cell::Cell<u64> = const { std::cell::Cell::new(1) };
+}
+
+/// The lost record of `device`, made by `make(serial)` if it has none yet.
+pub(crate) fn record_of(device: &wgpu::Device, make: impl FnOnce(u64) -> Arc<LostRecord>) -> Arc<LostRecord> {
+    let found =
+        RECORDS.with_borrow(|t| t.iter().find(|(d, ..)| d == device).and_then(|(_, _, w)| w.upgrade()));
+    if let Some(r) = found {
+        return r;
+    }
+    let serial = SERIAL.replace(SERIAL.get() + 1);
+    let record = make(serial);
+    RECORDS.with_borrow_mut(|t| {
+        t.retain(|(d, ..)| d != device);
+        t.push((device.clone(), serial, Arc::downgrade(&record)));
+    });
+    record
+}
+
+/// Drops the table's entry of a record that is going away.
+pub(crate) fn forget_record(serial: u64) {
+    let _ = RECORDS.try_with(|t| t.borrow_mut().retain(|(_, s, _)| *s != serial));
+}
+
+/// How waits go in the browser: WebGPU's event loop fires callbacks, wgpu's WebGL2 backend
+/// fires them only from `device.poll`.
+pub(crate) struct Waiter {
+    polls: bool,
+}
+
+impl Waiter {
+    pub(crate) fn new(device: &wgpu::Device, _lost: &Arc<LostRecord>) -> Self {
+        Waiter { polls: device.adapter_info().backend == wgpu::Backend::Gl }
+    }
+}
+
+/// Waits until `rx` has its value. WebGPU fires callbacks from the browser's event loop; wgpu's
+/// WebGL2 backend fires them only from `device.poll`, so there it polls and yields to the
+/// browser (`setTimeout(0)`) until the value is there.
+pub(crate) async fn wait<T>(
+    s: &WgpuStorage,
+    mut rx: oneshot::Receiver<T>,
+    _index: Option<wgpu::SubmissionIndex>,
+    mode: Mode,
+) -> Result<T> {
+    if mode == Mode::Blocking {
+        return Err(Error::backend(s.id, "a blocking wait was attempted in the browser"));
+    }
+    let got = if !s.waiter.polls {
+        rx.await.ok()
+    } else {
+        loop {
+            poll_now(&s.device);
+            match rx.try_recv() {
+                Ok(Some(v)) => break Some(v),
+                Err(oneshot::Canceled) => break None,
+                Ok(None) if s.lost.is_lost() => break None,
+                Ok(None) => yield_to_browser().await,
+            }
+        }
+    };
+    got.ok_or_else(|| match s.lost.is_lost() {
+        true => s.lost.error(s.id),
+        false => Error::backend(s.id, "wgpu dropped a callback devalloc was waiting for"),
+    })
+}
+
+/// Lets the browser run its event loop once (a `setTimeout(0)` promise).
+async fn yield_to_browser() {
+    let promise = js_sys::Promise::new(&mut |resolve, _reject| {
+        let global = js_sys::global();
+        let set_timeout = js_sys::Reflect::get(&global, &"setTimeout".into())
+            .ok()
+            .and_then(|f| f.dyn_into::<js_sys::Function>().ok());
+        let fired = match set_timeout {
+            Some(f) => f.call2(&global, &resolve, &0.into()).is_ok(),
+            None => false,
+        };
+        if !fired {
+            let _ = resolve.call0(&wasm_bindgen::JsValue::NULL);
+        }
+    });
+    let _ = wasm_bindgen_futures::JsFuture::from(promise).await;
+}
+
+/// Whether a blocking call may wait here (never in the browser).
+pub(crate) const CAN_BLOCK: bool = false;
+
+/// Opening a device cannot be waited for in the browser.
+pub(crate) fn open_blocking<T>(_open: impl Future<Output = Result<T>>) -> Result<T> {
+    Err(Error::NotSupported {
+        operation: "WgpuAllocator::new / new_with",
+        device_type: crate::DeviceType::WebGpu,
+        reason: "in the browser an adapter can only be opened asynchronously: use WgpuAllocator::new_async(...).await".into(),
+    })
+}

@@ -1,0 +1,289 @@
+//! The contract's promises under hostile input, through the public API only: each test is
+//! named after the behaviour it holds devalloc to. Host memory (and storages of the test's own,
+//! through `devalloc::backend`) stand in for devices, so these run everywhere, Miri included.
+#![cfg(not(target_arch = "wasm32"))]
+
+#[macro_use]
+mod conformance;
+
+use devalloc::backend::{HostStorage, Pool, PoolConfig, PooledAllocator, Storage};
+use devalloc::{
+    Device, DeviceAllocator, DeviceAllocatorRegistry, DeviceIndex, DevicePtr, DeviceType, Error,
+    HostAllocator, PointerProblem, Result, DEFAULT_ALIGNMENT,
+};
+
+/// Host memory that says it is device `ty:index`: several "devices" of one allocator.
+struct Indexed {
+    host: HostStorage,
+    device: Device,
+    max: u64,
+}
+
+impl Indexed {
+    fn new(ty: DeviceType, index: DeviceIndex) -> Self {
+        Indexed { host: HostStorage, device: Device::new(ty, index), max: 1 << 40 }
+    }
+}
+
+impl Storage for Indexed {
+    type Block = <HostStorage as Storage>::Block;
+    type Params = ();
+    fn device(&self) -> Device {
+        self.device
+    }
+    fn max_block_size(&self) -> u64 {
+        self.max
+    }
+    fn alloc(&self, capacity: u64, alignment: u64, p: &(), l: Option<&str>) -> Result<Self::Block> {
+        self.host.alloc(capacity, alignment.min(4096), p, l)
+    }
+    fn write(&self, b: &Self::Block, o: u64, src: &[u8]) -> Result<()> {
+        self.host.write(b, o, src)
+    }
+    fn read(&self, b: &Self::Block, o: u64, dst: &mut [u8]) -> Result<()> {
+        self.host.read(b, o, dst)
+    }
+    fn copy(&self, s: &Self::Block, so: u64, d: &Self::Block, d_o: u64, len: u64) -> Result<()> {
+        self.host.copy(s, so, d, d_o, len)
+    }
+}
+
+/// Bookkeeping only: blocks hold no memory, so sizes up to 2^47 cost nothing.
+struct Weightless(Device);
+
+impl Storage for Weightless {
+    type Block = u64;
+    type Params = ();
+    fn device(&self) -> Device {
+        self.0
+    }
+    fn max_block_size(&self) -> u64 {
+        1 << 47
+    }
+    fn alloc(&self, capacity: u64, _: u64, _: &(), _: Option<&str>) -> Result<u64> {
+        Ok(capacity)
+    }
+    fn write(&self, _: &u64, _: u64, _: &[u8]) -> Result<()> {
+        Ok(())
+    }
+    fn read(&self, _: &u64, _: u64, _: &mut [u8]) -> Result<()> {
+        Ok(())
+    }
+    fn copy(&self, _: &u64, _: u64, _: &u64, _: u64, _: u64) -> Result<()> {
+        Ok(())
+    }
+}
+
+fn two_devices(config: PoolConfig) -> PooledAllocator<Indexed> {
+    let pools =
+        (0..2).map(|i| Pool::new(Indexed::new(DeviceType::Vulkan, i), config.clone()).unwrap()).collect();
+    PooledAllocator::from_pools(DeviceType::Vulkan, pools).unwrap()
+}
+
+fn two_host_devices() -> conformance::Made {
+    conformance::ready(Ok::<_, String>(two_devices(PoolConfig { caching: true, ..PoolConfig::default() })))
+}
+
+/// The whole suite on an allocator with two devices: cross-device copies and foreign pointers.
+mod two_devices {
+    use super::*;
+    conformance_tests!(two_host_devices, conformance::Need::Always);
+}
+
+#[test]
+fn refused_allocations_leave_the_stats_as_they_were() {
+    let a = HostAllocator::new();
+    let before = a.stats(0).unwrap();
+    assert!(matches!(a.allocate(1 << 62, 0, 256), Err(Error::TooLarge { .. })));
+    assert!(a.allocate(8, 0, 1 << 62).is_err());
+    assert_eq!(a.stats(0).unwrap(), before, "peak_reserved_bytes or a miss moved on a refusal");
+    let cached = HostAllocator::with_config(PoolConfig {
+        caching: true,
+        memory_limit: Some(4096),
+        ..PoolConfig::default()
+    })
+    .unwrap();
+    let p = cached.allocate(3000, 0, 256).unwrap();
+    let before = cached.stats(0).unwrap();
+    assert!(matches!(cached.allocate(2000, 0, 256), Err(Error::OutOfMemory { .. })));
+    assert_eq!(cached.stats(0).unwrap(), before);
+    cached.deallocate(p, 0).unwrap();
+}
+
+#[test]
+fn an_impossible_alignment_is_invalid_not_out_of_memory() {
+    let a = HostAllocator::new();
+    for shift in [53, 60, 62, 63] {
+        let e = a.allocate(8, 0, 1 << shift).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument { .. }), "alignment 2^{shift}: {e}");
+        assert!(e.to_string().contains("cannot be honoured"), "{e}");
+    }
+    let p = a.allocate(8, 0, 1 << 40).unwrap();
+    assert_eq!(p.addr() % (1 << 40), 0);
+    a.deallocate(p, 0).unwrap();
+}
+
+#[test]
+fn a_request_that_fits_exactly_is_not_too_large_with_caching_on() {
+    let a = HostAllocator::with_config(PoolConfig {
+        caching: true,
+        memory_limit: Some(1_000_000),
+        ..PoolConfig::default()
+    })
+    .unwrap();
+    let p = a.allocate(1_000_000, 0, 256).expect("exactly the limit fits");
+    assert!(matches!(a.allocate(1, 0, 256), Err(Error::OutOfMemory { .. })));
+    a.deallocate(p, 0).unwrap();
+    assert!(matches!(a.allocate(1_000_001, 0, 256), Err(Error::TooLarge { max: 1_000_000, .. })));
+    let mut s = Indexed::new(DeviceType::Gl, 0);
+    s.max = 1_000_000;
+    let pool = Pool::new(s, PoolConfig { caching: true, ..PoolConfig::default() }).unwrap();
+    let p = pool.allocate(1_000_000, 256).expect("exactly the device's largest block fits");
+    pool.deallocate(p).unwrap();
+}
+
+#[test]
+fn bounced_copies_are_whole_or_nothing() {
+    let registry = DeviceAllocatorRegistry::new();
+    let host: &'static HostAllocator = Box::leak(Box::new(HostAllocator::new()));
+    let dev: &'static PooledAllocator<Indexed> = Box::leak(Box::new(two_devices(PoolConfig::default())));
+    registry.register_allocator(host).unwrap();
+    registry.register_allocator(dev).unwrap();
+    let mib = 1 << 20;
+    let src = host.allocate(8 * mib, 0, 256).unwrap();
+    host.copy_host_to_device(src, &vec![7u8; 8 * mib], 0).unwrap();
+    let dst = dev.allocate(6 * mib, 0, 256).unwrap();
+    dev.copy_host_to_device(dst, &vec![1u8; 6 * mib], 0).unwrap();
+    let (cpu, vk0, vk1) = (
+        Device::new(DeviceType::Cpu, 0),
+        Device::new(DeviceType::Vulkan, 0),
+        Device::new(DeviceType::Vulkan, 1),
+    );
+    let e = registry.copy(vk0, dst, cpu, src, 8 * mib).unwrap_err();
+    assert!(matches!(e, Error::OutOfBounds { .. }), "{e}");
+    let e = pollster::block_on(registry.copy_async(vk0, dst, cpu, src, 8 * mib)).unwrap_err();
+    assert!(matches!(e, Error::OutOfBounds { .. }), "{e}");
+    // Across two devices of one allocator, blocking and async.
+    let far = dev.allocate(8 * mib, 1, 256).unwrap();
+    assert!(dev.copy_device_to_device(dst, 0, far, 1, 8 * mib).is_err());
+    assert!(pollster::block_on(dev.copy_device_to_device_async(dst, 0, far, 1, 8 * mib)).is_err());
+    let mut back = vec![0u8; 6 * mib];
+    dev.copy_device_to_host(&mut back, dst, 0).unwrap();
+    assert!(back.iter().all(|&b| b == 1), "a refused copy wrote part of the destination");
+    // A stale source is refused before anything moves too.
+    host.deallocate(src, 0).unwrap();
+    assert!(matches!(
+        registry.copy(vk1, far, cpu, src, 16),
+        Err(Error::InvalidPointer { problem: PointerProblem::Freed, .. })
+    ));
+}
+
+#[test]
+fn stale_pointers_never_reach_a_newer_allocation_while_the_window_has_room() {
+    // The case that broke the old 2^48 window: 256 rounds of 1 TiB (weightless blocks).
+    let pool = Pool::new(Weightless(Device::new(DeviceType::Cpu, 0)), PoolConfig::default()).unwrap();
+    let mut stale = Vec::new();
+    for _ in 0..300 {
+        let p = pool.allocate(1 << 40, 256).unwrap();
+        assert!(!stale.contains(&p), "{p} handed out again");
+        pool.deallocate(p).unwrap();
+        stale.push(p);
+    }
+    for p in &stale {
+        assert!(
+            matches!(pool.write(*p, &[1]), Err(Error::InvalidPointer { problem: PointerProblem::Freed, .. })),
+            "{p}"
+        );
+    }
+}
+
+#[test]
+fn in_a_full_small_window_the_least_recently_freed_range_is_reused_first() {
+    let config = PoolConfig { address_window: 1 << 17, ..PoolConfig::default() };
+    let pool = Pool::new(Weightless(Device::new(DeviceType::Cpu, 0)), config).unwrap();
+    // Fill the window (64 KiB usable: 15 x 4 KiB spans), then free in a scrambled order.
+    let mut ptrs = Vec::new();
+    while let Ok(p) = pool.allocate(4000, 256) {
+        ptrs.push(p);
+    }
+    assert!(ptrs.len() >= 10, "{}", ptrs.len());
+    let order: Vec<DevicePtr> = ptrs.iter().rev().step_by(2).copied().collect();
+    for p in &order {
+        pool.deallocate(*p).unwrap();
+    }
+    let again = pool.allocate(4000, 256).unwrap();
+    assert_eq!(again, order[0], "the least recently freed range should go first");
+    for p in &order[1..] {
+        assert!(matches!(
+            pool.write(*p, &[1]),
+            Err(Error::InvalidPointer { problem: PointerProblem::Freed, .. })
+        ));
+    }
+}
+
+#[test]
+fn a_device_index_past_255_is_refused() {
+    let e = Pool::new(Indexed::new(DeviceType::Vulkan, 256), PoolConfig::default()).err().unwrap();
+    assert!(e.to_string().contains("256"), "{e}");
+    assert!(Pool::new(Indexed::new(DeviceType::Vulkan, 255), PoolConfig::default()).is_ok());
+}
+
+#[test]
+fn pools_must_be_for_their_own_index() {
+    let pools = vec![
+        Pool::new(HostStorage, PoolConfig::default()).unwrap(),
+        Pool::new(HostStorage, PoolConfig::default()).unwrap(),
+    ];
+    let e = PooledAllocator::from_pools(DeviceType::Cpu, pools).err().unwrap();
+    assert!(e.to_string().contains("is for cpu:0, not cpu:1"), "{e}");
+    let wrong_type = vec![Pool::new(Indexed::new(DeviceType::Gl, 0), PoolConfig::default()).unwrap()];
+    assert!(PooledAllocator::from_pools(DeviceType::Vulkan, wrong_type).is_err());
+}
+
+#[test]
+fn a_foreign_source_pointer_is_named_as_another_devices() {
+    let a = two_devices(PoolConfig::default());
+    let mine = a.allocate(64, 0, DEFAULT_ALIGNMENT).unwrap();
+    let theirs = a.allocate(64, 1, DEFAULT_ALIGNMENT).unwrap();
+    let e = a.copy_device_to_device(mine, 0, theirs, 0, 8).unwrap_err();
+    assert!(
+        matches!(e, Error::InvalidPointer { problem: PointerProblem::OtherDevice(d), .. } if d.index == 1),
+        "{e}"
+    );
+}
+
+#[test]
+fn an_out_of_memory_error_names_the_largest_live_allocations() {
+    let a = HostAllocator::with_config(PoolConfig { memory_limit: Some(1 << 20), ..PoolConfig::default() })
+        .unwrap();
+    let big = a.allocate_labeled(700_000, 0, 256, "kv-cache").unwrap();
+    let small = a.allocate_labeled(1000, 0, 256, "bias").unwrap();
+    let e = a.allocate(500_000, 0, 256).unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, Error::OutOfMemory { .. }), "{msg}");
+    assert!(msg.contains("kv-cache (700000 bytes") && msg.contains("limit of 1048576"), "{msg}");
+    assert!(msg.find("kv-cache") < msg.find("bias"), "largest first: {msg}");
+    a.deallocate(big, 0).unwrap();
+    a.deallocate(small, 0).unwrap();
+}
+
+#[test]
+fn freed_blocks_are_never_reused_with_the_debug_setting() {
+    let a =
+        HostAllocator::with_config(PoolConfig { caching: true, reuse_freed: false, ..PoolConfig::default() })
+            .unwrap();
+    for _ in 0..5 {
+        let p = a.allocate(5000, 0, 256).unwrap();
+        a.deallocate(p, 0).unwrap();
+    }
+    let s = a.stats(0).unwrap();
+    assert_eq!((s.cache_hits, s.cache_misses, s.cached_bytes, s.reserved_bytes), (0, 5, 0, 0), "{s:?}");
+}
+
+#[test]
+fn invalid_pool_settings_are_refused() {
+    for window in [0, 3 << 20, 1 << 16, 1 << 54] {
+        let c = PoolConfig { address_window: window, ..PoolConfig::default() };
+        assert!(HostAllocator::with_config(c).is_err(), "window {window}");
+    }
+}
