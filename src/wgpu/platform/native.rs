@@ -1,5 +1,4 @@
 //! The native side of the platform seam (see the parent module).
-#![deny(unsafe_code)]
 
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -54,20 +53,67 @@ pub(crate) async fn adapters(instance: &wgpu::Instance, backend: wgpu::Backend) 
     instance.enumerate_adapters(backend.into()).await
 }
 
-type RecordTable = Vec<(wgpu::Device, u64, Weak<LostRecord>)>;
+/// Which device an entry is for. wgpu compares devices by an id that is unique only within
+/// one `wgpu::Instance` (two instances both have a device 0), so the key adds the address of
+/// wgpu-hal's device object, which is unique while the device lives (the table keeps it alive).
+#[derive(PartialEq)]
+struct DeviceKey {
+    device: wgpu::Device,
+    hal: Option<usize>,
+}
+
+impl DeviceKey {
+    fn of(device: &wgpu::Device) -> Self {
+        DeviceKey { device: device.clone(), hal: hal_address(device) }
+    }
+}
+
+/// The address of wgpu-hal's device object behind `device`, for the backends this build has.
+fn hal_address(device: &wgpu::Device) -> Option<usize> {
+    #[cfg(hal_vulkan)]
+    if let Some(a) = hal_address_as::<wgpu::hal::api::Vulkan>(device) {
+        return Some(a);
+    }
+    #[cfg(hal_gles)]
+    if let Some(a) = hal_address_as::<wgpu::hal::api::Gles>(device) {
+        return Some(a);
+    }
+    #[cfg(hal_metal)]
+    if let Some(a) = hal_address_as::<wgpu::hal::api::Metal>(device) {
+        return Some(a);
+    }
+    #[cfg(hal_dx12)]
+    if let Some(a) = hal_address_as::<wgpu::hal::api::Dx12>(device) {
+        return Some(a);
+    }
+    let _ = device;
+    None
+}
+
+/// The address of `device`'s hal device if it is of backend `A`.
+#[allow(unsafe_code, dead_code)]
+fn hal_address_as<A: wgpu::hal::Api>(device: &wgpu::Device) -> Option<usize> {
+    // SAFETY: only the address of the hal device is taken; nothing is called on it and the
+    // guard is dropped at once, so none of wgpu-hal's rules can be broken.
+    let hal = unsafe { device.as_hal::<A>() }?;
+    Some(std::ptr::from_ref::<A::Device>(&hal) as usize)
+}
+
+type RecordTable = Vec<(DeviceKey, u64, Weak<LostRecord>)>;
 static RECORDS: Mutex<RecordTable> = Mutex::new(Vec::new());
 static SERIAL: AtomicU64 = AtomicU64::new(1);
 
 /// The lost record of `device`, made by `make(serial)` if it has none yet.
 pub(crate) fn record_of(device: &wgpu::Device, make: impl FnOnce(u64) -> Arc<LostRecord>) -> Arc<LostRecord> {
+    let key = DeviceKey::of(device);
     let mut table = lock(&RECORDS);
-    if let Some(r) = table.iter().find(|(d, ..)| d == device).and_then(|(_, _, w)| w.upgrade()) {
+    if let Some(r) = table.iter().find(|(k, ..)| *k == key).and_then(|(_, _, w)| w.upgrade()) {
         return r;
     }
     let serial = SERIAL.fetch_add(1, Ordering::Relaxed);
     let record = make(serial);
-    table.retain(|(d, ..)| d != device);
-    table.push((device.clone(), serial, Arc::downgrade(&record)));
+    table.retain(|(k, ..)| *k != key);
+    table.push((key, serial, Arc::downgrade(&record)));
     record
 }
 
