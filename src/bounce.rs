@@ -56,7 +56,13 @@ pub(crate) async fn bounce(dst: End<'_>, src: End<'_>, nbytes: usize, mode: Mode
 }
 
 /// Runs a future built in [`Mode::Blocking`]: every step it awaits is ready at once, so one
-/// poll finishes it; were one ever pending, this blocks (native) until it is done.
+/// poll (with a waker that does nothing: no executor to set up) finishes it; were one ever
+/// pending (a contended async lock), this blocks (native) until it is done.
 pub(crate) fn run_blocking<T>(fut: impl std::future::Future<Output = T>) -> T {
-    pollster::block_on(fut)
+    use std::task::{Context, Poll, Waker};
+    let mut fut = std::pin::pin!(fut);
+    match fut.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(v) => v,
+        Poll::Pending => pollster::block_on(fut),
+    }
 }

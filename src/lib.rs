@@ -5,6 +5,117 @@
 //! RAII [`DeviceMemoryBuffer`]s, memory plans ([`PlannedMemory`]) and real allocators behind
 //! the contract. It is the Rust counterpart of ExecuTorch's `DeviceAllocator` /
 //! `DeviceAllocatorRegistry`, widened from CUDA to every GPU API wgpu reaches.
+//!
+//! | allocator | device types | feature |
+//! |---|---|---|
+//! | [`HostAllocator`] | `cpu` | always |
+//! | `WgpuAllocator` | `vulkan`, `metal`, `dx12`, `gl`, `webgpu` | `vulkan`, `metal`, `dx12`, `gles`, `webgpu` (default), `webgl` |
+//! | `CudaAllocator` | `cuda` | `cuda` (native; the driver is loaded at run time) |
+//!
+//! devalloc speaks wgpu 30 (re-exported as `devalloc::wgpu_api`); an app that uses wgpu
+//! itself depends on the same major version. `default-features = false, features = ["vulkan"]`
+//! builds wgpu for Vulkan alone.
+//!
+//! ## Quick start
+//!
+//! ```
+//! use devalloc::{get_device_allocator, register_device_allocator, DeviceAllocator, DeviceMemoryBuffer,
+//!                DeviceType, HostAllocator, DEFAULT_ALIGNMENT};
+//!
+//! // Register an allocator once per device type (allocators live for the whole program).
+//! let host: &'static HostAllocator = Box::leak(Box::new(HostAllocator::new()));
+//! register_device_allocator(host)?;
+//!
+//! // Raw use, as a runtime would: allocate, copy in, copy out, free.
+//! let cpu = get_device_allocator(DeviceType::Cpu).expect("registered above");
+//! let ptr = cpu.allocate(1024, 0, DEFAULT_ALIGNMENT)?;
+//! cpu.copy_host_to_device(ptr.offset(16)?, b"hello", 0)?;
+//! let mut back = [0u8; 5];
+//! cpu.copy_device_to_host(&mut back, ptr.offset(16)?, 0)?;
+//! assert_eq!(&back, b"hello");
+//! cpu.deallocate(ptr, 0)?;
+//! assert!(cpu.deallocate(ptr, 0).is_err()); // a double free is an error, not a crash
+//!
+//! // Or let a buffer own the memory and free it on drop.
+//! let mut buf = DeviceMemoryBuffer::create(4 * 3, DeviceType::Cpu, 0)?;
+//! buf.write_pod(&[1u32, 2, 3])?;
+//! assert_eq!(buf.to_vec::<u32>()?, [1, 2, 3]);
+//! # Ok::<(), devalloc::Error>(())
+//! ```
+//!
+//! ## Rules every allocator keeps
+//!
+//! - A zero-size allocation is an [`Error::InvalidArgument`] (on every backend); alignment is a
+//!   non-zero power of two and the address is a multiple of it.
+//! - A copy of 0 bytes succeeds without looking at the pointer.
+//! - Copies are bounds-checked against the allocation the pointer lies in and happen whole or
+//!   not at all; copies that move in chunks check both ends before the first chunk.
+//! - Every failure is an [`Error`], never a panic, and a failed call changes nothing: not the
+//!   data, not the stats. Impossible requests are [`Error::TooLarge`] or
+//!   [`Error::InvalidArgument`]; [`Error::OutOfMemory`] means "not now" and says what is held.
+//! - Stale, interior and foreign pointers are refused: host and wgpu addresses are virtual and
+//!   a freed range is not handed out again within 2^32 frees (unless the device's 8 PiB
+//!   window has no other room), so a use after free is reported as such.
+//! - Copies between devices of different types go through [`DeviceAllocatorRegistry::copy`],
+//!   which bounces through a small host buffer in chunks.
+//!
+//! ## The public API
+//!
+//! - The contract: [`DeviceAllocator`], [`AllocatorStats`], [`DEFAULT_ALIGNMENT`],
+//!   [`BoxFuture`], [`WasmNotSendSync`]; devices and addresses: [`DeviceType`], [`Device`],
+//!   [`DeviceIndex`], [`NUM_DEVICE_TYPES`], [`DevicePtr`]; errors: [`Error`],
+//!   [`PointerProblem`], [`Result`], [`BackendSource`].
+//! - The registry: [`DeviceAllocatorRegistry`] (with [`DeviceAllocatorRegistry::get`] for the
+//!   concrete type back), [`register_device_allocator`], [`get_device_allocator`], [`copy`],
+//!   [`register_available`] with its [`Registration`] / [`Outcome`].
+//! - Owning memory: [`DeviceMemoryBuffer`], [`PlannedMemory`], [`PlanLayout`].
+//! - Allocators: [`HostAllocator`] with [`PoolConfig`]; with a wgpu feature `WgpuAllocator`,
+//!   `WgpuOptions`, `Route`, `BufferRequest`, `BufferRange`, `BindingKind`,
+//!   `DeviceLostHandler`, `register_wgpu_backends` and the `wgpu_api` re-export; with `cuda`
+//!   `CudaAllocator`.
+//! - [`backend`]: what someone writing a backend of their own needs (`Storage`, `Pool`,
+//!   `PooledAllocator`, `BlockRef`, `AllocationInfo`, the built-in storages).
+//!
+//! ## Using devalloc in a wgpu app
+//!
+//! An app that already has a `wgpu::Device` hands it over with `WgpuAllocator::from_device`
+//! (or `from_device_with`) and keeps using it; devalloc is a guest:
+//!
+//! - **Adoption.** devalloc never replaces the device's uncaptured-error handler: its own calls
+//!   run in error scopes, so the app's handler sees the app's errors. The device's lost
+//!   callback is the exception: wgpu keeps one per device and cannot hand back one already
+//!   set, and devalloc needs it to notice a loss. Give yours as `WgpuOptions::on_device_lost`
+//!   (devalloc calls it once, after recording the loss) and do not set the device's lost
+//!   callback yourself after adoption. Every devalloc call polls the device without blocking
+//!   first, so after `device.destroy()` every call of every allocator on it is
+//!   [`Error::DeviceLost`].
+//! - **Binding.** `WgpuAllocator::buffer(ptr, index)` (to the end of the allocation) or
+//!   `buffer_range(ptr, len, index)` gives a `BufferRange`; its `binding(BindingKind::Storage)`
+//!   or `binding(BindingKind::Uniform)` returns a `wgpu::BufferBinding` or an error that names
+//!   the device limit it breaks (offset alignment, binding size, usage, empty range).
+//! - **Alignment and plans.** Copies work at any offset; bindings need offsets that are
+//!   multiples of `binding_alignment(index)`. Lay out plans with [`PlanLayout`] at that
+//!   alignment (an existing plan's offsets cannot be moved). wgpu tracks usage per buffer, so
+//!   two tensors of one planned buffer bound in one dispatch need the same access: bind planned
+//!   activations `read_write`, or use one planned buffer per access kind.
+//! - **Usage and labels.** `allocate_with(index, &BufferRequest::new(n).usage(..).label(..))`
+//!   chooses usage per allocation (uniform, vertex, index, indirect...) and a label that wgpu's
+//!   own messages show. The cache keeps buffers apart by usage and label.
+//! - **The cache's reuse rule.** A freed buffer is cached and handed out again: a bind group
+//!   (or any command) built on a freed allocation then reaches the next allocation in that
+//!   buffer, as with every caching allocator (PyTorch's included). Drop bind groups before
+//!   freeing. `PoolConfig::reuse_freed = false` never reuses freed buffers, so such a bug shows
+//!   in testing.
+//! - **Async.** On native the `_async` copies return `Pending` and are woken by a polling
+//!   thread per device (map callbacks and `on_device_lost` then run on it, so
+//!   `on_device_lost` must not call back into devalloc); the blocking copies poll inline. In
+//!   the browser nothing may block: blocking calls that would wait return
+//!   [`Error::NotSupported`] naming their async twin.
+//! - **App buffers.** `copy_to_buffer` / `copy_from_buffer` move data between devalloc memory
+//!   and buffers the app made, on the GPU, in queue order.
+//!
+//! `examples/mlp.rs` is such an app: a 2-layer network whose weights are devalloc allocations
+//! and whose activations live in one planned buffer, beside the app's own uniform buffers.
 #![warn(missing_docs, unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 mod allocator;

@@ -5,7 +5,24 @@ use std::time::Duration;
 use cudarc::driver::CudaContext;
 use devalloc::{CudaAllocator, DeviceAllocator, DeviceIndex, DEFAULT_ALIGNMENT};
 
-use super::{gbps, human, time, MIB};
+use super::{gbps, human, MIB};
+
+use std::time::Instant;
+
+/// Median time of `f` over enough repetitions for `bytes` per call, after one warm-up call.
+fn time(bytes: usize, quick: bool, mut f: impl FnMut()) -> Duration {
+    f();
+    let n = super::reps(bytes, quick);
+    let mut v: Vec<Duration> = (0..n)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed()
+        })
+        .collect();
+    v.sort();
+    v[v.len() / 2]
+}
 
 pub fn run(quick: bool) {
     let alloc = match CudaAllocator::new() {

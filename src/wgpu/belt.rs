@@ -39,6 +39,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use futures_channel::oneshot;
 
 use super::platform::{self, CAN_BLOCK};
+use super::scope::Raises;
 use super::storage::{ceil4, floor4, MapResult, WgpuBlock, WgpuStorage, COPY_ALIGN};
 use crate::bounce::Mode;
 use crate::error::Result;
@@ -215,7 +216,7 @@ impl WgpuStorage {
         let Some(size) = wgpu::BufferSize::new(total) else { return Ok(()) };
         let belt = &self.belt;
         if total <= belt.small_upload {
-            let written = self.scoped("devalloc small upload", total, || {
+            let written = self.scoped("devalloc small upload", total, Raises::Validation, || {
                 let Some(mut view) = self.queue.write_buffer_with(dst, at, size) else { return false };
                 let mut filled = 0;
                 for p in parts {

@@ -191,6 +191,7 @@ impl WgpuAllocator {
         }
         let s = pool.storage();
         let r = pool.block_at(ptr, len).map_err(|e| self.foreign(index, ptr, e))?;
+        s.check_lost()?;
         let (usage, flag) = if to_app {
             (wgpu::BufferUsages::COPY_DST, "COPY_DST")
         } else {

@@ -28,9 +28,13 @@ impl WgpuStorage {
     ) -> Result<()> {
         let range = offset & !(wgpu::MAP_ALIGNMENT - 1)..ceil4(offset + len as u64);
         let _guard = block.lock.lock().await;
-        self.check_lost()?;
         let mapped = self.map(&block.buffer, map_mode, range.clone());
-        self.wait_mapped(mapped, None, mode).await?;
+        // The wait polls the device, which fires the lost callback of a lost device; a map on
+        // a lost device fails at once. So no poll up front: on failure, name the loss.
+        if let Err(e) = self.wait_mapped(mapped, None, mode).await {
+            self.check_lost()?;
+            return Err(e);
+        }
         let at = (offset - range.start) as usize;
         let r = f(&block.buffer, range, at).map_err(|e| self.backend_error("mapping a device buffer", e));
         block.buffer.unmap();

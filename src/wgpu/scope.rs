@@ -12,17 +12,43 @@ use super::platform;
 use super::storage::WgpuStorage;
 use crate::error::{Error, Result};
 
+/// Which errors a wgpu call can raise, and so which scopes it runs in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Raises {
+    /// Making a buffer: validation errors and out of memory.
+    ValidationOrOom,
+    /// Encoding and submitting copies devalloc checked up front: validation errors only.
+    Validation,
+}
+
 impl WgpuStorage {
     /// Runs `f` inside error scopes and turns what they caught into a devalloc error (native),
-    /// or logs it (browser). `requested`: the bytes an out-of-memory error is about.
-    pub(crate) fn scoped<T>(&self, what: &str, requested: u64, f: impl FnOnce() -> T) -> Result<T> {
-        self.check_lost()?;
+    /// or logs it (browser). `requested`: the bytes an out-of-memory error is about. A loss
+    /// recorded earlier is [`Error::DeviceLost`] at once; polling for one is the caller's
+    /// (once per devalloc call, at its start).
+    pub(crate) fn scoped<T>(
+        &self,
+        what: &str,
+        requested: u64,
+        raises: Raises,
+        f: impl FnOnce() -> T,
+    ) -> Result<T> {
+        if self.lost.is_lost() {
+            return Err(self.lost.error(self.id));
+        }
         let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let oom = (raises == Raises::ValidationOrOom)
+            .then(|| self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory));
         let value = f();
-        let oom = oom.pop();
+        let oom = oom.map(|g| g.pop());
         let validation = validation.pop();
-        let verdict = async move { oom.await.or(validation.await) };
+        let verdict = async move {
+            let caught = match oom {
+                Some(oom) => oom.await,
+                None => None,
+            };
+            caught.or(validation.await)
+        };
         match platform::settle(verdict, self.id, what) {
             None => Ok(value),
             Some(e) => Err(self.caught(what, requested, e)),

@@ -12,6 +12,7 @@ use super::belt::Belt;
 use super::lost::LostRecord;
 use super::options::{staging_chunk, Route, WgpuOptions};
 use super::platform::{self, MustWait, Waiter};
+use super::scope::Raises;
 use crate::allocator::BoxFuture;
 use crate::bounce::{run_blocking, Mode};
 use crate::device::Device;
@@ -133,7 +134,7 @@ impl WgpuStorage {
         usage: wgpu::BufferUsages,
         mapped: bool,
     ) -> Result<wgpu::Buffer> {
-        self.scoped(label, size, || {
+        self.scoped(label, size, Raises::ValidationOrOom, || {
             self.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some(label),
                 size,
@@ -149,7 +150,7 @@ impl WgpuStorage {
         what: &str,
         encode: impl FnOnce(&mut wgpu::CommandEncoder),
     ) -> Result<wgpu::SubmissionIndex> {
-        self.scoped(what, 0, || {
+        self.scoped(what, 0, Raises::Validation, || {
             let mut enc =
                 self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(what) });
             encode(&mut enc);
@@ -277,6 +278,7 @@ impl WgpuStorage {
 
     /// Clears `len` bytes at `offset` (both multiples of 4) to zero on the GPU.
     pub(crate) async fn clear(&self, block: &WgpuBlock, offset: u64, len: u64) -> Result<()> {
+        self.check_lost()?;
         let _guard = block.lock.lock().await;
         self.submit("devalloc clear", |enc| enc.clear_buffer(&block.buffer, offset, Some(len))).map(drop)
     }

@@ -41,11 +41,7 @@ pub(crate) fn settle(
     _id: Device,
     _what: &str,
 ) -> Option<wgpu::Error> {
-    let mut fut = std::pin::pin!(verdict);
-    match fut.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-        Poll::Ready(v) => v,
-        Poll::Pending => pollster::block_on(fut),
-    }
+    crate::bounce::run_blocking(verdict)
 }
 
 /// Every adapter of `backend`.
