@@ -374,3 +374,52 @@ fn leaks_are_reported_on_drop() {
     assert!(report.contains("kv-cache") && report.contains("4096 bytes"), "{report}");
     drop(a); // logs "leak on vulkan:0: 4096 bytes ... (kv-cache)"
 }
+
+#[test]
+fn a_burst_of_large_copies_leaves_staging_within_its_budget() {
+    let budget = 256 << 10;
+    let options = WgpuOptions {
+        staging_chunk: Some(64 << 10),
+        staging_budget: Some(budget),
+        route: Some(Route::Staged),
+        ..WgpuOptions::default()
+    };
+    for backend in [wgpu::Backend::Vulkan, wgpu::Backend::Gl] {
+        let Some(a) = self::backend(backend, options.clone()) else { continue };
+        let n = 3 << 20; // 48 chunks each way, from four threads at once
+        let ptrs: Vec<DevicePtr> = (0..4).map(|_| a.allocate(n, 0, DEFAULT_ALIGNMENT).unwrap()).collect();
+        std::thread::scope(|s| {
+            for (t, &p) in ptrs.iter().enumerate() {
+                let a = &a;
+                s.spawn(move || {
+                    let data = pattern(n, t as u8);
+                    for _ in 0..3 {
+                        a.copy_host_to_device(p, &data, 0).unwrap();
+                        let mut back = vec![0u8; n];
+                        a.copy_device_to_host(&mut back, p, 0).unwrap();
+                        assert!(back == data, "{backend:?}: thread {t}");
+                    }
+                });
+            }
+        });
+        a.synchronize(0).unwrap();
+        let s = a.stats(0).unwrap();
+        assert!(s.staging_bytes > 0, "{backend:?}: no staging is kept at all: {s:?}");
+        assert!(
+            s.staging_bytes <= budget,
+            "{backend:?}: {} bytes of staging held, budget {budget}",
+            s.staging_bytes
+        );
+        // A single large upload stays within the budget plus the chunk in hand.
+        let before = s.staging_bytes;
+        a.copy_host_to_device(ptrs[0], &pattern(n, 9), 0).unwrap();
+        let during = a.stats(0).unwrap().staging_bytes;
+        assert!(
+            during <= budget + (64 << 10),
+            "{backend:?}: {during} bytes after one large upload (before: {before})"
+        );
+        for p in ptrs {
+            a.deallocate(p, 0).unwrap();
+        }
+    }
+}

@@ -54,11 +54,17 @@ async function roundTrip(dv) {
     : `<span class="bad">FAILED</span> (floats ${floatsOk}, ragged ${raggedOk}, double free refused ${errorOk})`;
 }
 
+const best = (methods) => methods.filter((m) => !m.ours).reduce((a, b) => (b.ms < a.ms ? b : a));
+const ours = (methods) => methods.find((m) => m.ours);
+
 function drawBars(rows) {
   const c = $("bw"), g = c.getContext("2d");
   g.clearRect(0, 0, c.width, c.height);
-  const series = [["upDevalloc", "#2563eb", "up devalloc"], ["upPlain", "#93c5fd", "up plain"], ["downDevalloc", "#f59e0b", "down devalloc"], ["downPlain", "#fcd34d", "down plain"]];
-  const max = Math.max(0.001, ...rows.flatMap((r) => series.map(([k]) => r[k])));
+  const series = [
+    ["up devalloc", (r) => ours(r.up).gbps, "#2563eb"], ["up best peer", (r) => best(r.up).gbps, "#93c5fd"],
+    ["down devalloc", (r) => ours(r.down).gbps, "#f59e0b"], ["down best peer", (r) => best(r.down).gbps, "#fcd34d"],
+  ];
+  const max = Math.max(0.001, ...rows.flatMap((r) => series.map(([, f]) => f(r))));
   const left = 50, bottom = c.height - 30, h = bottom - 30, groupW = (c.width - left - 10) / Math.max(rows.length, 3), barW = groupW / 5;
   g.font = "12px system-ui"; g.fillStyle = "#6b7280";
   for (let t = 0; t <= 4; t++) {
@@ -67,28 +73,41 @@ function drawBars(rows) {
     g.strokeStyle = "#eee"; g.beginPath(); g.moveTo(left, y); g.lineTo(c.width, y); g.stroke();
   }
   rows.forEach((r, i) => {
-    series.forEach(([k, color], j) => {
-      const v = r[k], bh = (h * v) / max, x = left + i * groupW + j * barW + barW / 2;
+    series.forEach(([, f, color], j) => {
+      const v = f(r), bh = (h * v) / max, x = left + i * groupW + j * barW + barW / 2;
       g.fillStyle = color; g.fillRect(x, bottom - bh, barW - 2, bh);
     });
     g.fillStyle = "#1d2330"; g.fillText(human(r.size), left + i * groupW + groupW / 2 - 20, bottom + 16);
   });
-  series.forEach(([, color, label], j) => { g.fillStyle = color; g.fillRect(left + j * 120, 8, 12, 12); g.fillStyle = "#1d2330"; g.fillText(label, left + j * 120 + 16, 18); });
+  series.forEach(([label, , color], j) => { g.fillStyle = color; g.fillRect(left + j * 130, 8, 12, 12); g.fillStyle = "#1d2330"; g.fillText(label, left + j * 130 + 16, 18); });
+}
+
+function benchRow(r) {
+  const cells = (ms) => ms.map((m) => `<td${m.ours ? ' class="ours"' : ""}>${gb(m.gbps)}</td>`).join("");
+  return `<tr><td>${human(r.size)}</td>${cells(r.up)}<td>${r.upRatio.toFixed(2)}x</td>${cells(r.down)}<td>${r.downRatio.toFixed(2)}x</td></tr>`;
 }
 
 async function throughput(dv) {
-  const plan = [[4096, 30], [1 << 20, 15], [64 << 20, 5]];
+  // Interleaved medians of every method; the ratio is devalloc / the best peer (> 1: faster).
+  const plan = [[4096, 30], [64 << 10, 20], [1 << 20, 15], [16 << 20, 9], [64 << 20, 5]];
   for (const [size, reps] of plan) {
     status(`measuring ${human(size)}…`, "running");
     const r = await dv.bench(size, reps);
     results.bench.push(r);
-    const tb = $("bwtable").tBodies[0];
-    tb.insertAdjacentHTML("beforeend", `<tr><td>${human(size)}</td><td>${gb(r.upDevalloc)}</td><td>${gb(r.upPlain)}</td><td>${gb(r.downDevalloc)}</td><td>${gb(r.downPlain)}</td></tr>`);
+    const table = $("bwtable");
+    if (!table.tHead.rows.length) {
+      const names = (ms) => ms.map((m) => `<th>${m.name}</th>`).join("");
+      table.tHead.innerHTML = `<tr><th rowspan="2">size</th><th colspan="${r.up.length + 1}">upload GB/s</th><th colspan="${r.down.length + 1}">download GB/s</th></tr>`
+        + `<tr>${names(r.up)}<th>ratio</th>${names(r.down)}<th>ratio</th></tr>`;
+    }
+    table.tBodies[0].insertAdjacentHTML("beforeend", benchRow(r));
     drawBars(results.bench);
   }
-  const lat = await dv.bench(4, 50);
-  results.latencyUs = { devalloc: lat.downMs * 1000, plain: lat.plainDownMs * 1000 };
-  $("latency").textContent = `4-byte download latency: devalloc ${results.latencyUs.devalloc.toFixed(0)} µs, plain wgpu ${results.latencyUs.plain.toFixed(0)} µs (browser timers are coarse)`;
+  const lat = await dv.bench(4, 30);
+  results.latencyUs = Object.fromEntries(lat.down.map((m) => [m.name, m.ms * 1000]));
+  results.latencyRatio = lat.downRatio;
+  $("latency").textContent = "4-byte download latency (µs): "
+    + lat.down.map((m) => `${m.name} ${(m.ms * 1000).toFixed(0)}`).join(", ") + " (browser timers are coarse)";
 }
 
 function drawMemory(samples) {
@@ -173,7 +192,7 @@ async function main() {
     await throughput(dv);
     await memory(dv);
     results.ok = results.roundTrip && results.hostile.every((h) => h.ok) && results.hostileStatsKept
-      && results.bench.every((r) => r.verified && r.upDevalloc > 0 && r.downDevalloc > 0);
+      && results.bench.every((r) => r.verified && ours(r.up).gbps > 0 && ours(r.down).gbps > 0);
     status(results.ok ? `done on ${dv.backend === "webgpu" ? "WebGPU" : "WebGL2"}` : "done, with failures", results.ok ? "ok" : "bad");
     document.title = results.ok ? "devalloc: done" : "devalloc: failed";
   } catch (e) {

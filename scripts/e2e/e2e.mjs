@@ -90,20 +90,23 @@ const hostile = results.hostile || [];
 check(`every hostile JS argument was refused with an exception naming it (${hostile.length} cases)`, hostile.length > 10 && hostile.every((h) => h.ok));
 check("refused JS calls changed no stats", results.hostileStatsKept);
 const bench = results.bench || [];
-check("throughput measured at 4 KiB, 1 MiB and 64 MiB", JSON.stringify(bench.map((b) => b.size)) === JSON.stringify([4096, 1 << 20, 64 << 20]));
-check("every throughput figure is positive and its data verified",
-  bench.length && bench.every((b) => b.verified && Math.min(b.upDevalloc, b.upPlain, b.downDevalloc, b.downPlain) > 0));
+const sizes = [4096, 64 << 10, 1 << 20, 16 << 20, 64 << 20];
+check("throughput measured from 4 KiB to 64 MiB", JSON.stringify(bench.map((b) => b.size)) === JSON.stringify(sizes));
+check("every method of every size measured, its data verified",
+  bench.length && bench.every((b) => b.verified && b.up.length === 3 && b.down.length === 4 && [...b.up, ...b.down].every((m) => m.gbps > 0)));
 check("4-byte latency measured", ((results.latencyUs || {}).devalloc || 0) > 0);
 check("memory chart fed with allocated <= reserved", results.memory && results.memory.every((m) => m.allocated <= m.reserved));
 
 console.log(`e2e: adapter ${JSON.stringify(results.adapter)}`);
 for (const h of hostile) if (!h.ok) console.log(`e2e: hostile ${h.name}: ${h.threw ? `threw "${h.message}"` : "did not throw"}`);
-console.log("e2e:   size     up devalloc  up plain   down devalloc  down plain   (GB/s, median)");
-for (const b of bench) {
-  const f = (v, w) => v.toFixed(3).padStart(w);
-  console.log(`e2e: ${String(b.size).padStart(9)} ${f(b.upDevalloc, 12)} ${f(b.upPlain, 9)} ${f(b.downDevalloc, 15)} ${f(b.downPlain, 11)}`);
+if (bench.length) {
+  const names = (ms) => ms.map((m) => m.name.padStart(15)).join("");
+  console.log(`e2e: upload GB/s (interleaved medians)\ne2e: ${"size".padStart(9)}${names(bench[0].up)}   devalloc/best peer`);
+  for (const b of bench) console.log(`e2e: ${String(b.size).padStart(9)}${b.up.map((m) => m.gbps.toFixed(3).padStart(15)).join("")}   ${b.upRatio.toFixed(2)}x (${b.upBestPeer})`);
+  console.log(`e2e: download GB/s\ne2e: ${"size".padStart(9)}${names(bench[0].down)}   devalloc/best peer`);
+  for (const b of bench) console.log(`e2e: ${String(b.size).padStart(9)}${b.down.map((m) => m.gbps.toFixed(3).padStart(15)).join("")}   ${b.downRatio.toFixed(2)}x (${b.downBestPeer})`);
 }
-if (results.latencyUs) console.log(`e2e: 4-byte download: devalloc ${results.latencyUs.devalloc.toFixed(0)} us, plain ${results.latencyUs.plain.toFixed(0)} us`);
+if (results.latencyUs) console.log(`e2e: 4-byte download (us): ${Object.entries(results.latencyUs).map(([k, v]) => `${k} ${v.toFixed(0)}`).join(", ")}; devalloc/best peer ${results.latencyRatio.toFixed(2)}x`);
 const failed = checks.filter(([, ok]) => !ok);
 for (const [name, ok] of checks) console.log(`e2e: ${ok ? "ok  " : "FAIL"} ${name}`);
 if (results.error) console.log(`e2e: the page reported: ${results.error}`);

@@ -5,9 +5,10 @@
 //! A GPU buffer is never mapped while the GPU may use it, so copies go through *staging*
 //! buffers, which the belt keeps and reuses:
 //!
-//! - **Small uploads** (up to `small_upload` bytes: 1 MiB, less on GL) are handed to
-//!   `queue.write_buffer`, whose own staging is wgpu's; they travel with the next submit, and
-//!   after 8 MiB of them the queue is flushed so that wgpu's staging stays bounded.
+//! - **Small uploads** (up to 1 MiB natively, 64 KiB on GL; every upload in the browser, where
+//!   `writeBuffer` copies straight out of wasm memory) are handed to `queue.write_buffer`,
+//!   whose own staging is wgpu's; they travel with the next submit, and after 8 MiB of them
+//!   the queue is flushed so that wgpu's staging stays bounded.
 //! - **Large uploads**, chunk by chunk: take a *mapped* `MAP_WRITE` buffer (one whose re-map
 //!   has completed, or a new one mapped at creation), write the chunk into it, unmap, encode
 //!   `copy_buffer_to_buffer`, submit, and ask for it to be mapped again; it waits in the
@@ -15,9 +16,10 @@
 //!   everything is submitted: queue order makes every later operation see the data.
 //! - **Downloads**: copy a chunk into an idle `MAP_READ` buffer, submit, `map_async`; up to
 //!   [`PIPELINE_DEPTH`] chunks are in flight, so the GPU copies chunk i+1 while the host reads
-//!   chunk i; then unmap and put the buffer back. Reads of at most `small` bytes (64 KiB, or
-//!   less where the device's largest buffer is smaller) use small buffers of their own:
-//!   mapping a few bytes of a chunk-sized buffer measured slower.
+//!   chunk i; then unmap and put the buffer back. Download buffers come in power-of-two sizes
+//!   from 64 KiB (or the device's largest buffer, if smaller) to a chunk, and a read takes the
+//!   smallest idle one that holds it: mapping a few bytes of a chunk-sized buffer measured
+//!   slower.
 //! - **Ragged ranges**: wgpu copies 4-byte words at 4-byte offsets. A read copies the
 //!   enclosing words and keeps the wanted bytes; a write reads the (at most two) edge words
 //!   first and writes them back merged, under the block's lock, so neighbouring bytes are kept.
@@ -77,8 +79,8 @@ struct Remapping {
 #[derive(Default)]
 struct Kept {
     uploads: VecDeque<Remapping>,
+    /// Idle download buffers, of power-of-two sizes from `small` to the chunk.
     downloads: Vec<Staging>,
-    small_downloads: Vec<Staging>,
 }
 
 /// Reusable staging buffers of one device; see the module docs for the protocol.
@@ -95,7 +97,7 @@ pub(crate) struct Belt {
 
 impl Belt {
     pub(crate) fn new(info: &wgpu::AdapterInfo, chunk: u64, budget: Option<u64>, max_buffer: u64) -> Self {
-        let small_upload = if info.backend == wgpu::Backend::Gl { 64 << 10 } else { 1 << 20 };
+        let small_upload = platform::small_upload_limit(info);
         Belt {
             chunk,
             small: SMALL_DOWNLOAD.min(max_buffer),
@@ -169,22 +171,26 @@ impl Belt {
         lock(&self.kept).uploads.push_back(Remapping { staging, mapped, index });
     }
 
-    /// An idle download buffer for `n` bytes (a small one for small reads).
+    /// The size of the download buffer for `n` bytes: the power of two at or above it, within
+    /// `small..=chunk`.
+    fn download_size(&self, n: u64) -> u64 {
+        n.max(self.small).checked_next_power_of_two().unwrap_or(self.chunk).min(self.chunk)
+    }
+
+    /// An idle download buffer that holds `n` bytes: the smallest kept one of the right size,
+    /// or a new one.
     fn take_download(&self, s: &WgpuStorage, n: u64) -> Result<Staging> {
-        let small = n <= self.small;
+        let size = self.download_size(n);
         let kept = {
             let mut kept = lock(&self.kept);
-            if small {
-                kept.small_downloads.pop()
-            } else {
-                kept.downloads.pop()
-            }
+            let at = kept.downloads.iter().position(|b| b.buffer.size() == size);
+            at.map(|i| kept.downloads.swap_remove(i))
         };
         if let Some(b) = kept {
             return Ok(b);
         }
         let usage = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
-        self.make(s, "devalloc download staging", if small { self.small } else { self.chunk }, usage, false)
+        self.make(s, "devalloc download staging", size, usage, false)
     }
 
     /// Puts a download buffer back, or releases it past the budget.
@@ -192,12 +198,7 @@ impl Belt {
         if self.over_budget() {
             return;
         }
-        let mut kept = lock(&self.kept);
-        if b.buffer.size() == self.small && self.small != self.chunk {
-            kept.small_downloads.push(b);
-        } else {
-            kept.downloads.push(b);
-        }
+        lock(&self.kept).downloads.push(b);
     }
 }
 
@@ -216,15 +217,26 @@ impl WgpuStorage {
         let Some(size) = wgpu::BufferSize::new(total) else { return Ok(()) };
         let belt = &self.belt;
         if total <= belt.small_upload {
-            let written = self.scoped("devalloc small upload", total, Raises::Validation, || {
-                let Some(mut view) = self.queue.write_buffer_with(dst, at, size) else { return false };
-                let mut filled = 0;
-                for p in parts {
-                    view.slice(filled..filled + p.len()).copy_from_slice(p);
-                    filled += p.len();
-                }
-                true
-            })?;
+            let written =
+                self.scoped("devalloc small upload", total, Raises::Validation, || match parts {
+                    // One slice: hand it to the queue as it is (in the browser this skips a copy
+                    // through wasm memory).
+                    [whole] => {
+                        self.queue.write_buffer(dst, at, whole);
+                        true
+                    }
+                    _ => {
+                        let Some(mut view) = self.queue.write_buffer_with(dst, at, size) else {
+                            return false;
+                        };
+                        let mut filled = 0;
+                        for p in parts {
+                            view.slice(filled..filled + p.len()).copy_from_slice(p);
+                            filled += p.len();
+                        }
+                        true
+                    }
+                })?;
             if !written {
                 return Err(self.backend_error("small upload", "wgpu refused the write"));
             }

@@ -42,9 +42,10 @@ pub struct WgpuOptions {
     /// added, as devalloc copies through them). `WgpuAllocator::allocate_with` picks usage per
     /// allocation.
     pub usage: wgpu::BufferUsages,
-    /// Size of one staging buffer, and so of one chunk of a large copy. `None`: 2 MiB on CPU
-    /// and integrated adapters (the chunk stays in cache while the other core copies the
-    /// previous one: measured ~2x faster than 8 MiB on lavapipe), 8 MiB on discrete GPUs.
+    /// Size of one staging buffer, and so of one chunk of a large copy. `None`: natively 2 MiB
+    /// on CPU and integrated adapters (the chunk stays in cache while the other core copies the
+    /// previous one: measured ~2x faster than 8 MiB on lavapipe), 8 MiB on discrete GPUs; in the
+    /// browser 64 MiB (each map is a round trip to the GPU process: fewer, larger ones win).
     pub staging_chunk: Option<u64>,
     /// Most bytes of staging buffers devalloc keeps per device (`None`: 8 chunks). Staging
     /// beyond it is released as soon as its copy is done, and a large upload waits for its
@@ -119,7 +120,7 @@ pub(crate) fn choose_route(
 /// The staging chunk of a device: the option, else by adapter type; within the device's
 /// largest buffer and at least 64 KiB where the device allows it.
 pub(crate) fn staging_chunk(options: &WgpuOptions, info: &wgpu::AdapterInfo, max_buffer: u64) -> u64 {
-    let auto = if unified(info.device_type) { 2 << 20 } else { 8 << 20 };
+    let auto = super::platform::default_chunk(info);
     let want = options.staging_chunk.unwrap_or(auto).max(64 << 10);
     want.min(max_buffer).max(4) & !3
 }

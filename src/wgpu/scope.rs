@@ -1,11 +1,13 @@
 //! Error scopes around devalloc's own wgpu calls, and how what they catch becomes an [`Error`].
 //!
 //! devalloc never takes an app's uncaptured-error handler: every wgpu call it makes runs inside
-//! a validation scope and, nested in it, an out-of-memory scope, pushed and popped around that
-//! call alone (never left open across an `.await`, which in the browser would swallow the
-//! app's own errors). On native the verdict is there at once; in the browser it arrives later,
-//! so the blocking calls log it, and devalloc checks sizes and ranges up front so that wgpu
-//! has nothing to refuse.
+//! a validation scope (and, when it makes a buffer, an out-of-memory scope), pushed and popped
+//! around that call alone: never left open across an `.await`, which in the browser would
+//! swallow the app's own errors. On native the verdict is there at once. In the browser it
+//! arrives later and each scope is a round trip into JS, so there devalloc's copies, whose
+//! sizes and ranges it checks up front so that wgpu has nothing to refuse, run without scopes:
+//! an unexpected error from one would reach the app's uncaptured-error handler. Buffer
+//! creation keeps its scopes there, and what they catch is logged.
 #![deny(unsafe_code)]
 
 use super::platform;
@@ -35,6 +37,9 @@ impl WgpuStorage {
     ) -> Result<T> {
         if self.lost.is_lost() {
             return Err(self.lost.error(self.id));
+        }
+        if raises == Raises::Validation && !platform::SCOPE_CHECKED_WORK {
+            return Ok(f());
         }
         let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let oom = (raises == Raises::ValidationOrOom)

@@ -1,4 +1,16 @@
-//! The page's benchmark: devalloc against plain wgpu in the browser.
+//! The page's benchmark: devalloc against the peers a careful wgpu user would pick in the
+//! browser, interleaved round by round, every result verified.
+//!
+//! Upload, until the data are on the device: `queue.write_buffer`, a `StagingBelt` kept across
+//! calls, devalloc. Download, into host memory: a fresh `MAP_READ` buffer, one reused
+//! `MAP_READ` buffer, `DownloadBuffer`, devalloc. Each waits the way the browser allows
+//! (awaiting `on_submitted_work_done` / the map callback).
+use std::cell::RefCell;
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+
+use futures_channel::oneshot;
 use serde::Serialize;
 
 use crate::wgpu;
@@ -14,89 +26,266 @@ fn now_ms() -> f64 {
         .unwrap_or_else(js_sys::Date::now)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+/// One method's median.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MethodResult {
+    name: &'static str,
+    ours: bool,
+    gbps: f64,
+    ms: f64,
 }
 
-/// Medians of one size, GB/s and ms.
+/// One size: every method's median, and devalloc / the best peer.
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct BenchResult {
     size: usize,
     verified: bool,
-    up_devalloc: f64,
-    up_plain: f64,
-    down_devalloc: f64,
-    down_plain: f64,
-    up_ms: f64,
-    down_ms: f64,
-    plain_down_ms: f64,
+    up: Vec<MethodResult>,
+    down: Vec<MethodResult>,
+    up_ratio: f64,
+    up_best_peer: &'static str,
+    down_ratio: f64,
+    down_best_peer: &'static str,
+}
+
+type Op<'a> = Box<dyn FnMut() -> Pin<Box<dyn Future<Output = devalloc::Result<()>> + 'a>> + 'a>;
+
+/// A method: its name, whether it is devalloc, the timed op, and the untimed check after it.
+type Method<'a> = (&'static str, bool, Op<'a>, Box<dyn FnMut() -> bool + 'a>);
+
+/// Runs every op `reps` times, interleaved (rotated order each round), after one warm-up each;
+/// each result is checked (untimed); `verified` turns false on the first wrong one.
+async fn interleave(
+    ops: &mut [Method<'_>],
+    reps: usize,
+    size: usize,
+    verified: &mut bool,
+) -> devalloc::Result<Vec<MethodResult>> {
+    let n = ops.len();
+    let mut times = vec![Vec::new(); n];
+    for (_, _, op, check) in ops.iter_mut() {
+        op().await?;
+        *verified &= check();
+    }
+    for round in 0..reps {
+        for k in 0..n {
+            let i = (k + round) % n;
+            let t = now_ms();
+            (ops[i].2)().await?;
+            times[i].push(now_ms() - t);
+            *verified &= (ops[i].3)();
+        }
+    }
+    Ok(ops
+        .iter()
+        .zip(times)
+        .map(|((name, ours, ..), mut v)| {
+            v.sort_by(f64::total_cmp);
+            let ms = v[v.len() / 2];
+            MethodResult { name, ours: *ours, gbps: size as f64 / (ms.max(1e-3) * 1e6), ms }
+        })
+        .collect())
+}
+
+fn ratio(results: &[MethodResult]) -> (f64, &'static str) {
+    let ours = results.iter().find(|m| m.ours).map_or(f64::NAN, |m| m.ms);
+    let best = results.iter().filter(|m| !m.ours).min_by(|a, b| a.ms.total_cmp(&b.ms));
+    best.map_or((f64::NAN, ""), |b| (b.ms / ours, b.name))
+}
+
+async fn mapped(buffer: &wgpu::Buffer, n: u64) -> devalloc::Result<()> {
+    let (tx, rx) = oneshot::channel();
+    buffer.map_async(wgpu::MapMode::Read, 0..n, move |r| {
+        let _ = tx.send(r);
+    });
+    match rx.await {
+        Ok(Ok(())) => Ok(()),
+        _ => Err(devalloc::Error::invalid_argument("a peer's map failed")),
+    }
 }
 
 pub async fn run(a: &'static WgpuAllocator, size: usize, reps: usize) -> devalloc::Result<BenchResult> {
     let device = a.device(0)?.clone();
     let queue = a.queue(0)?.clone();
-    let data: Vec<u8> = (0..size).map(|i| (i * 7) as u8).collect();
-    let mut back = vec![0u8; size];
-    let gbps = |ms: f64| size as f64 / (ms.max(1e-3) * 1e6);
-    let p = a.allocate(size, 0, DEFAULT_ALIGNMENT)?;
-    let (mut up, mut down) = (Vec::new(), Vec::new());
-    for _ in 0..=reps {
-        let t = now_ms();
-        a.copy_host_to_device_async(p, &data, 0).await?;
-        a.synchronize_async(0).await?;
-        up.push(now_ms() - t);
-        let t = now_ms();
-        a.copy_device_to_host_async(&mut back, p, 0).await?;
-        down.push(now_ms() - t);
-    }
-    let verified = back == data;
-    a.deallocate(p, 0)?;
-
+    let n = size.next_multiple_of(4) as u64;
+    let data: Vec<u8> = (0..n as usize).map(|i| (i * 7 + i / 4096) as u8).collect();
     let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
-    let padded_len = size.next_multiple_of(4) as u64;
-    let plain = device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("baseline"),
-        size: padded_len,
-        usage,
+    let plain = |label| {
+        device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: n,
+            usage,
+            mapped_at_creation: false,
+        })
+    };
+    let (wb, bb) = (plain("write_buffer peer"), plain("belt peer"));
+    let ours = a.allocate(n as usize, 0, DEFAULT_ALIGNMENT)?;
+    let belt = RefCell::new(wgpu::util::StagingBelt::new(device.clone(), n.max(1 << 20)));
+
+    let yes = || Box::new(|| true) as Box<dyn FnMut() -> bool>;
+    let mut verified = true;
+    let mut up: Vec<Method<'_>> = vec![
+        (
+            "write_buffer",
+            false,
+            Box::new(|| {
+                Box::pin(async {
+                    queue.write_buffer(&wb, 0, &data);
+                    a.synchronize_async(0).await
+                })
+            }),
+            yes(),
+        ),
+        (
+            "StagingBelt",
+            false,
+            Box::new(|| {
+                Box::pin(async {
+                    let mut enc = device.create_command_encoder(&Default::default());
+                    {
+                        let mut belt = belt.borrow_mut();
+                        belt.write_buffer(&mut enc, &bb, 0, wgpu::BufferSize::new(n).expect("non-empty"))
+                            .copy_from_slice(&data);
+                        belt.finish();
+                    }
+                    queue.submit([enc.finish()]);
+                    belt.borrow_mut().recall();
+                    a.synchronize_async(0).await
+                })
+            }),
+            yes(),
+        ),
+        (
+            "devalloc",
+            true,
+            Box::new(|| {
+                Box::pin(async {
+                    a.copy_host_to_device_async(ours, &data, 0).await?;
+                    a.synchronize_async(0).await
+                })
+            }),
+            yes(),
+        ),
+    ];
+    let up = interleave(&mut up, reps, size, &mut verified).await?;
+
+    // The downloads read what the uploads wrote (so they verify the uploads too); each copies
+    // into host memory, and every result is compared with `data`, untimed.
+    let reused = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("reused staging"),
+        size: n,
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
         mapped_at_creation: false,
     });
-    let (mut pup, mut pdown) = (Vec::new(), Vec::new());
-    let padded: Vec<u8> =
-        data.iter().copied().chain(std::iter::repeat(0)).take(padded_len as usize).collect();
-    for _ in 0..=reps {
-        let t = now_ms();
-        queue.write_buffer(&plain, 0, &padded);
-        a.synchronize_async(0).await?;
-        pup.push(now_ms() - t);
-        let t = now_ms();
-        let staging = device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("baseline staging"),
-            size: padded_len,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+    let copy_to = |dst: &wgpu::Buffer, src: &wgpu::Buffer| {
         let mut enc = device.create_command_encoder(&Default::default());
-        enc.copy_buffer_to_buffer(&plain, 0, &staging, 0, padded_len);
+        enc.copy_buffer_to_buffer(src, 0, dst, 0, n);
         queue.submit([enc.finish()]);
-        a.map_buffer_async(0, &staging, wgpu::MapMode::Read, 0..padded_len).await?;
-        if let Ok(view) = staging.get_mapped_range(..) {
-            back.copy_from_slice(&view[..size]);
-        }
-        pdown.push(now_ms() - t);
-    }
-    // The first repetition warms staging buffers and caches up; medians of the rest.
-    let m = |v: &Vec<f64>| median(v[1..].to_vec());
-    Ok(BenchResult {
-        size,
-        verified,
-        up_devalloc: gbps(m(&up)),
-        up_plain: gbps(m(&pup)),
-        down_devalloc: gbps(m(&down)),
-        down_plain: gbps(m(&pdown)),
-        up_ms: m(&up),
-        down_ms: m(&down),
-        plain_down_ms: m(&pdown),
-    })
+    };
+    let outs: Vec<Rc<RefCell<Vec<u8>>>> =
+        (0..3).map(|_| Rc::new(RefCell::new(vec![0u8; n as usize]))).collect();
+    let shared = std::sync::Arc::new(std::sync::Mutex::new(vec![0u8; n as usize]));
+    let ok = |k: usize| {
+        let out = Rc::clone(&outs[k]);
+        let data = &data;
+        Box::new(move || {
+            let good = out.borrow()[..] == data[..];
+            out.borrow_mut().fill(0);
+            good
+        }) as Box<dyn FnMut() -> bool + '_>
+    };
+    let shared_ok = {
+        let shared = std::sync::Arc::clone(&shared);
+        let data = &data;
+        Box::new(move || {
+            let mut v = shared.lock().unwrap();
+            let good = v[..] == data[..];
+            v.fill(0);
+            good
+        }) as Box<dyn FnMut() -> bool + '_>
+    };
+    let mut down_ops: Vec<Method<'_>> = vec![
+        (
+            "fresh MAP_READ",
+            false,
+            Box::new(|| {
+                Box::pin(async {
+                    let staging = device.create_buffer(&wgpu::BufferDescriptor {
+                        label: Some("fresh staging"),
+                        size: n,
+                        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                        mapped_at_creation: false,
+                    });
+                    copy_to(&staging, &wb);
+                    mapped(&staging, n).await?;
+                    outs[0].borrow_mut().copy_from_slice(
+                        &staging
+                            .get_mapped_range(..)
+                            .map_err(|_| devalloc::Error::invalid_argument("view"))?,
+                    );
+                    Ok(())
+                })
+            }),
+            ok(0),
+        ),
+        (
+            "reused MAP_READ",
+            false,
+            Box::new(|| {
+                Box::pin(async {
+                    copy_to(&reused, &bb);
+                    mapped(&reused, n).await?;
+                    outs[1].borrow_mut().copy_from_slice(
+                        &reused
+                            .get_mapped_range(..)
+                            .map_err(|_| devalloc::Error::invalid_argument("view"))?,
+                    );
+                    reused.unmap();
+                    Ok(())
+                })
+            }),
+            ok(1),
+        ),
+        (
+            "DownloadBuffer",
+            false,
+            Box::new(|| {
+                Box::pin(async {
+                    let (tx, rx) = oneshot::channel();
+                    let into = std::sync::Arc::clone(&shared);
+                    wgpu::util::DownloadBuffer::read_buffer(&device, &queue, &wb.slice(..), move |r| {
+                        let copied = r.map(|view| into.lock().unwrap().copy_from_slice(&view)).is_ok();
+                        let _ = tx.send(copied);
+                    });
+                    match rx.await {
+                        Ok(true) => Ok(()),
+                        _ => Err(devalloc::Error::invalid_argument("DownloadBuffer failed")),
+                    }
+                })
+            }),
+            shared_ok,
+        ),
+        (
+            "devalloc",
+            true,
+            Box::new(|| {
+                Box::pin(async {
+                    // Out of its cell while the copy is awaited, back in afterwards.
+                    let mut out = std::mem::take(&mut *outs[2].borrow_mut());
+                    let r = a.copy_device_to_host_async(&mut out, ours, 0).await;
+                    *outs[2].borrow_mut() = out;
+                    r
+                })
+            }),
+            ok(2),
+        ),
+    ];
+    let down = interleave(&mut down_ops, reps, size, &mut verified).await?;
+    drop(down_ops);
+    a.deallocate(ours, 0)?;
+    let (up_ratio, up_best_peer) = ratio(&up);
+    let (down_ratio, down_best_peer) = ratio(&down);
+    Ok(BenchResult { size, verified, up, down, up_ratio, up_best_peer, down_ratio, down_best_peer })
 }

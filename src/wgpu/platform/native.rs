@@ -299,3 +299,27 @@ pub(crate) const CAN_BLOCK: bool = true;
 pub(crate) fn open_blocking<T>(open: impl Future<Output = Result<T>>) -> Result<T> {
     pollster::block_on(open)
 }
+
+/// Whether work devalloc checked up front (copies) still runs inside an error scope. On native a scope costs a few hundred ns: every call gets one.
+pub(crate) const SCOPE_CHECKED_WORK: bool = true;
+
+/// The staging chunk when the options name none: 2 MiB where the host shares the adapter's
+/// memory (it stays in cache while the other core copies the previous one), 8 MiB elsewhere.
+pub(crate) fn default_chunk(info: &wgpu::AdapterInfo) -> u64 {
+    if crate::wgpu::options::unified(info.device_type) {
+        2 << 20
+    } else {
+        8 << 20
+    }
+}
+
+/// Uploads up to this size go through `queue.write_buffer` (wgpu's own staging): measured
+/// faster below 1 MiB on Vulkan; on GL its per-call cost is higher, so the belt takes over
+/// from 64 KiB.
+pub(crate) fn small_upload_limit(info: &wgpu::AdapterInfo) -> u64 {
+    if info.backend == wgpu::Backend::Gl {
+        64 << 10
+    } else {
+        1 << 20
+    }
+}

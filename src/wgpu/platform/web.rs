@@ -162,3 +162,18 @@ pub(crate) fn open_blocking<T>(_open: impl Future<Output = Result<T>>) -> Result
         reason: "in the browser an adapter can only be opened asynchronously: use WgpuAllocator::new_async(...).await".into(),
     })
 }
+
+/// Whether work devalloc checked up front (copies) still runs inside an error scope. In the browser a scope is a round trip into JS: copies devalloc checked up front run without.
+pub(crate) const SCOPE_CHECKED_WORK: bool = false;
+
+/// The staging chunk when the options name none: 64 MiB in the browser, where every map is a
+/// round trip to the GPU process, so fewer, larger maps win.
+pub(crate) fn default_chunk(_info: &wgpu::AdapterInfo) -> u64 {
+    64 << 20
+}
+
+/// In the browser `queue.writeBuffer` copies straight out of the wasm memory: the fastest
+/// upload at every size (measured against a mapped staging belt), so every upload takes it.
+pub(crate) fn small_upload_limit(_info: &wgpu::AdapterInfo) -> u64 {
+    u64::MAX
+}
