@@ -31,10 +31,8 @@ impl WgpuStorage {
         let mapped = self.map(&block.buffer, map_mode, range.clone());
         // The wait polls the device, which fires the lost callback of a lost device; a map on
         // a lost device fails at once. So no poll up front: on failure, name the loss.
-        if let Err(e) = self.wait_mapped(mapped, None, mode).await {
-            self.check_lost()?;
-            return Err(e);
-        }
+        let waited = self.wait_mapped(mapped, None, mode).await;
+        self.or_lost(waited)?;
         let at = (offset - range.start) as usize;
         let r = f(&block.buffer, range, at).map_err(|e| self.backend_error("mapping a device buffer", e));
         block.buffer.unmap();

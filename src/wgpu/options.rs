@@ -42,10 +42,10 @@ pub struct WgpuOptions {
     /// added, as devalloc copies through them). `WgpuAllocator::allocate_with` picks usage per
     /// allocation.
     pub usage: wgpu::BufferUsages,
-    /// Size of one staging buffer, and so of one chunk of a large copy. `None`: natively 2 MiB
-    /// on CPU and integrated adapters (the chunk stays in cache while the other core copies the
-    /// previous one: measured ~2x faster than 8 MiB on lavapipe), 8 MiB on discrete GPUs; in the
-    /// browser 64 MiB (each map is a round trip to the GPU process: fewer, larger ones win).
+    /// Size of one staging buffer, and so of one chunk of a large copy. `None`: natively 4 MiB
+    /// on CPU and integrated adapters, 8 MiB on discrete GPUs (chosen by measurement: see
+    /// `examples/bench`); in the browser 64 MiB (each map is a round trip to the GPU process:
+    /// fewer, larger ones win).
     pub staging_chunk: Option<u64>,
     /// Most bytes of staging buffers devalloc keeps per device (`None`: 8 chunks). Staging
     /// beyond it is released as soon as its copy is done, and a large upload waits for its

@@ -185,13 +185,25 @@ impl WgpuStorage {
 
     /// Flushes queued work and returns once the GPU has finished it.
     pub(crate) async fn sync_with(&self, mode: Mode) -> Result<()> {
-        self.check_lost()?;
+        // The wait polls, which reports a loss (see `read_with`): no poll up front.
+        if self.lost.is_lost() {
+            return Err(self.lost.error(self.id));
+        }
         let (tx, rx) = oneshot::channel();
         self.queue.submit([]);
         self.queue.on_submitted_work_done(move || {
             let _ = tx.send(());
         });
-        platform::wait(self, rx, None, mode).await
+        let r = platform::wait(self, rx, None, mode).await;
+        self.or_lost(r)
+    }
+
+    /// `r`, or [`crate::Error::DeviceLost`] when it failed because the device is lost.
+    pub(crate) fn or_lost<T>(&self, r: Result<T>) -> Result<T> {
+        if r.is_err() {
+            self.check_lost()?;
+        }
+        r
     }
 
     /// Waits for all submitted work (blocking; in the browser: `NotSupported`, use the async).
@@ -200,12 +212,15 @@ impl WgpuStorage {
         run_blocking(self.sync_with(Mode::Blocking))
     }
 
-    /// Writes `src` at `offset` of `block` by the device's route.
+    /// Writes `src` at `offset` of `block` by the device's route. (The direct route's map
+    /// polls anyway, and reports a loss through it; the staged route polls first.)
     async fn write_with(&self, block: &WgpuBlock, offset: u64, src: &[u8], mode: Mode) -> Result<()> {
-        self.check_lost()?;
         match self.route {
             Route::Direct => self.write_direct(block, offset, src, mode).await,
-            Route::Staged => self.write_staged(block, offset, src, mode).await,
+            Route::Staged => {
+                self.check_lost()?;
+                self.write_staged(block, offset, src, mode).await
+            }
         }
     }
 
@@ -217,11 +232,14 @@ impl WgpuStorage {
         dst: &mut [u8],
         mode: Mode,
     ) -> Result<()> {
-        self.check_lost()?;
-        match self.route {
+        // Both routes wait for a map, and that wait polls the device, which fires the lost
+        // callback of a lost device (and a copy or map on one fails): so no poll up front; a
+        // failure is named a loss where it is one.
+        let r = match self.route {
             Route::Direct => self.read_direct(block, offset, dst, mode).await,
             Route::Staged => self.read_staged(block, offset, dst, mode).await,
-        }
+        };
+        self.or_lost(r)
     }
 
     /// Copies `len` bytes between blocks: on the GPU when the ranges are whole words, else
