@@ -48,7 +48,7 @@
 //! ```
 
 #[cfg(all(feature = "cuda", native))]
-pub use crate::cuda::CudaStorage;
+pub use crate::cuda::{CudaBlock, CudaStorage};
 pub use crate::host::HostStorage;
 pub use crate::pool::{AllocationInfo, BlockRef, Pool, PoolConfig};
 pub use crate::pooled_allocator::PooledAllocator;

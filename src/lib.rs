@@ -138,6 +138,10 @@ mod storage;
 #[cfg(feature = "wgpu")]
 mod wgpu;
 
+/// The cudarc crate devalloc's CUDA backend is built on (0.19): contexts and streams of your
+/// own that work with devalloc's device addresses.
+#[cfg(all(feature = "cuda", native))]
+pub use ::cudarc as cudarc_api;
 /// The wgpu crate devalloc speaks (major version 30): use these types with devalloc, and depend
 /// on the same major version in your app (two versions of wgpu do not mix).
 #[cfg(feature = "wgpu")]
@@ -145,7 +149,7 @@ pub use ::wgpu as wgpu_api;
 pub use allocator::{AllocatorStats, BoxFuture, DeviceAllocator, DEFAULT_ALIGNMENT};
 pub use buffer::DeviceMemoryBuffer;
 #[cfg(all(feature = "cuda", native))]
-pub use cuda::CudaAllocator;
+pub use cuda::{loaded_library as cuda_library, CopyTuning, CudaAllocator, CudaOptions};
 pub use device::{Device, DeviceIndex, DeviceType, NUM_DEVICE_TYPES};
 pub use discover::{register_available, Outcome, Registration};
 pub use error::{BackendSource, Error, PointerProblem, Result};

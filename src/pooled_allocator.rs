@@ -109,6 +109,14 @@ impl<S: Storage + 'static> PooledAllocator<S> {
             return Ok(());
         }
         if dst_index != src_index {
+            // A direct copy between the two devices where the backend has one (CUDA peer copy).
+            let sb = s.block_at(src, len64(nbytes)).map_err(|e| self.foreign(src_index, src, e))?;
+            let db = d.block_at(dst, len64(nbytes)).map_err(|e| self.foreign(dst_index, dst, e))?;
+            let direct =
+                s.storage().copy_to(&sb.block, sb.offset, d.storage(), &db.block, db.offset, len64(nbytes));
+            if let Some(done) = direct {
+                return done;
+            }
             let dst = End { alloc: self, index: dst_index, ptr: dst };
             let src = End { alloc: self, index: src_index, ptr: src };
             return bounce(dst, src, nbytes, mode).await;

@@ -38,6 +38,13 @@ pub trait Storage: WasmNotSendSync {
     /// The largest block the device allows.
     fn max_block_size(&self) -> u64;
 
+    /// The capacity a block gets for a request of `size` bytes when the pool caches (blocks
+    /// are reused only for requests of the same capacity); `None` on overflow. Default: four
+    /// classes per power of two, 256 bytes at least (at most 25% more than asked).
+    fn size_class(&self, size: u64) -> Option<u64> {
+        crate::pool::default_size_class(size)
+    }
+
     /// Whether blocks have real device addresses ([`Storage::address`]); if not (the default),
     /// the pool hands out virtual ones.
     fn has_real_addresses(&self) -> bool {
@@ -103,6 +110,23 @@ pub trait Storage: WasmNotSendSync {
         dst_offset: u64,
         len: u64,
     ) -> Result<()>;
+
+    /// Copies `len` bytes from a block of this storage to a block of another storage of the
+    /// same kind (another device), if the backend can do so directly (CUDA: a peer copy).
+    /// Default: `None`, and the pool copies through host memory instead.
+    #[allow(clippy::too_many_arguments)]
+    fn copy_to(
+        &self,
+        src: &Self::Block,
+        src_offset: u64,
+        dst_storage: &Self,
+        dst: &Self::Block,
+        dst_offset: u64,
+        len: u64,
+    ) -> Option<Result<()>> {
+        let _ = (src, src_offset, dst_storage, dst, dst_offset, len);
+        None
+    }
 
     /// Async twin of [`Storage::write`] for backends that must not block (the browser).
     /// Default: the blocking write.

@@ -1,113 +1,216 @@
-//! The CUDA part of the benchmark: devalloc vs cudarc's plain copies from pageable memory,
-//! the pinned-memory peak as the ceiling, and alloc+free cycles cached vs cuMemAlloc/cuMemFree.
-use std::time::Duration;
+//! The CUDA part of the benchmark (feature `cuda`; also the CUDA-only `cuda_bench` example that
+//! the GPU bundle carries): devalloc against what a CUDA user would otherwise write, in one run,
+//! interleaved, every result verified.
+//!
+//! - upload / download: cudarc's copy from pageable memory (the plain way) and a copy from a
+//!   pinned buffer of the whole size (the ceiling: what the link can do), against devalloc;
+//! - the alloc cycle: `cuMemAlloc` + `cuMemFree` (synchronous) against devalloc's cache;
+//! - `--sweep`: devalloc's staging (chunk, buffers, threads) at 64 MiB and 1 GiB.
+//!
+//! PyTorch, the peer a CUDA user would pick, is measured beside it by the bundle's
+//! `torch_peer.py`, in the same run.
+use std::hint::black_box;
 
-use cudarc::driver::CudaContext;
-use devalloc::{CudaAllocator, DeviceAllocator, DeviceIndex, DEFAULT_ALIGNMENT};
+use devalloc::cudarc_api::driver::{result, sys, CudaContext, CudaStream};
+use devalloc::{CopyTuning, CudaAllocator, CudaOptions, DeviceAllocator, DeviceIndex, DEFAULT_ALIGNMENT};
 
-use super::{gbps, human, MIB};
+use crate::common::{header, human, interleave, reps, row, Method, KIB, MIB};
 
-use std::time::Instant;
-
-/// Median time of `f` over enough repetitions for `bytes` per call, after one warm-up call.
-fn time(bytes: usize, quick: bool, mut f: impl FnMut()) -> Duration {
-    f();
-    let n = super::reps(bytes, quick);
-    let mut v: Vec<Duration> = (0..n)
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            t.elapsed()
-        })
-        .collect();
-    v.sort();
-    v[v.len() / 2]
-}
-
-pub fn run(quick: bool) {
+pub fn run(quick: bool, sweep: bool) {
     let alloc = match CudaAllocator::new() {
         Ok(a) => a,
         Err(e) => {
             println!("\n## cuda: not run: {e}");
+            if std::env::var("DEVALLOC_REQUIRE_ALL").is_ok_and(|v| v == "1") {
+                eprintln!("error: DEVALLOC_REQUIRE_ALL=1 and there is no CUDA device");
+                std::process::exit(1);
+            }
             return;
         }
     };
+    println!("\nlibcuda: {}", devalloc::cuda_library().unwrap_or_else(|| "(path unknown)".into()));
     for index in 0..alloc.device_count() as DeviceIndex {
         device(&alloc, index, quick);
     }
+    if sweep {
+        sweep_tuning(quick);
+    }
 }
 
-fn device(alloc: &CudaAllocator, index: DeviceIndex, quick: bool) {
-    println!("\n## cuda:{index}: {}", alloc.device_name(index));
+/// Device memory of the peers' own, freed on drop.
+struct Raw(sys::CUdeviceptr);
+
+impl Drop for Raw {
+    fn drop(&mut self) {
+        // SAFETY: allocated by `malloc_sync` below and freed once.
+        unsafe { result::free_sync(self.0) }.expect("free");
+    }
+}
+
+fn raw(ctx: &CudaContext, n: usize) -> Raw {
+    ctx.bind_to_thread().expect("bind");
+    // SAFETY: a plain allocation, freed by `Raw`'s drop.
+    Raw(unsafe { result::malloc_sync(n) }.expect("cuMemAlloc"))
+}
+
+fn pageable_up(stream: &CudaStream, dst: &Raw, src: &[u8]) {
+    // SAFETY: `dst` holds at least `src.len()` bytes; the stream is synchronised before return.
+    unsafe { result::memcpy_htod_async(dst.0, src, stream.cu_stream()) }.expect("htod");
+    stream.synchronize().expect("sync");
+}
+
+fn pageable_down(stream: &CudaStream, dst: &mut [u8], src: &Raw) {
+    // SAFETY: `src` holds at least `dst.len()` bytes; synchronised before `dst` is read.
+    unsafe { result::memcpy_dtoh_async(dst, src.0, stream.cu_stream()) }.expect("dtoh");
+    stream.synchronize().expect("sync");
+}
+
+fn sizes(quick: bool) -> Vec<usize> {
+    if quick {
+        vec![4 * KIB, MIB, 64 * MIB]
+    } else {
+        vec![4 * KIB, 64 * KIB, MIB, 8 * MIB, 64 * MIB, 256 * MIB, 1024 * MIB]
+    }
+}
+
+fn device(a: &CudaAllocator, index: DeviceIndex, quick: bool) {
+    println!("\n## cuda:{index}: {}", a.device_name(index));
     let ctx = CudaContext::new(index as usize).expect("context");
     let stream = ctx.new_stream().expect("stream");
-    let sizes: &[usize] = if quick { &[4 << 10, MIB, 64 * MIB] } else { &[4 << 10, MIB, 64 * MIB, 1 << 30] };
-    println!(
-        "{:>6} {:>9} {:>9} {:>9} {:>9} | {:>9} {:>9} {:>9} {:>9}",
-        "size", "H2D pin", "pageable", "devalloc", "vs peak", "D2H pin", "pageable", "devalloc", "vs peak"
-    );
-    for &s in sizes {
-        let host: Vec<u8> = (0..s).map(|i| i as u8).collect();
-        let mut back = vec![0u8; s];
-        let mut dev = stream.alloc_zeros::<u8>(s).expect("alloc");
-        // SAFETY (benchmark only): the pinned buffer is written before it is copied from.
-        let mut pinned = unsafe { ctx.alloc_pinned_with_flags::<u8>(s, 0) }.expect("pinned");
-        pinned.as_mut_slice().unwrap().copy_from_slice(&host);
-        let h_pin = gbps(
-            s,
-            time(s, quick, || {
-                stream.memcpy_htod(&pinned, &mut dev).unwrap();
-                stream.synchronize().unwrap();
-            }),
-        );
-        let h_page = gbps(
-            s,
-            time(s, quick, || {
-                stream.memcpy_htod(&host, &mut dev).unwrap();
-                stream.synchronize().unwrap();
-            }),
-        );
-        let d_pin = gbps(
-            s,
-            time(s, quick, || {
-                stream.memcpy_dtoh(&dev, &mut pinned).unwrap();
-                stream.synchronize().unwrap();
-            }),
-        );
-        let d_page = gbps(
-            s,
-            time(s, quick, || {
-                stream.memcpy_dtoh(&dev, &mut back).unwrap();
-            }),
-        );
-        let p = alloc.allocate(s, index, DEFAULT_ALIGNMENT).unwrap();
-        let h_dev = gbps(
-            s,
-            time(s, quick, || {
-                alloc.copy_host_to_device(p, &host, index).unwrap();
-                alloc.synchronize(index).unwrap();
-            }),
-        );
-        let d_dev = gbps(s, time(s, quick, || alloc.copy_device_to_host(&mut back, p, index).unwrap()));
-        assert!(back == host, "devalloc's download differs");
-        alloc.deallocate(p, index).unwrap();
+    for upload in [true, false] {
         println!(
-            "{:>6} {:>9.2} {:>9.2} {:>9.2} {:>8.2}x | {:>9.2} {:>9.2} {:>9.2} {:>8.2}x   (devalloc/pageable: up {:.2}x, down {:.2}x)",
-            human(s), h_pin, h_page, h_dev, h_dev / h_pin, d_pin, d_page, d_dev, d_dev / d_pin, h_dev / h_page, d_dev / d_page
+            "\n{} GB/s (interleaved medians; pinned is the ceiling)",
+            if upload { "upload" } else { "download" }
+        );
+        let mut first = true;
+        for size in sizes(quick) {
+            let data: Vec<u8> = (0..size).map(|i| (i as u8).wrapping_mul(13) ^ (i >> 16) as u8).collect();
+            let dev = raw(&ctx, size);
+            // SAFETY: the pinned buffer is written before it is read.
+            let mut pinned = unsafe { ctx.alloc_pinned_with_flags::<u8>(size, 0) }.expect("pinned");
+            pinned.as_mut_slice().unwrap().copy_from_slice(&data);
+            let p = a.allocate(size, index, DEFAULT_ALIGNMENT).unwrap();
+            a.copy_host_to_device(p, &data, index).unwrap();
+            pageable_up(&stream, &dev, &data);
+            let outs: Vec<std::cell::RefCell<Vec<u8>>> =
+                (0..3).map(|_| std::cell::RefCell::new(vec![0u8; size])).collect();
+            let (outs, datar) = (&outs, &data);
+            let t = if upload {
+                let mut methods = vec![
+                    Method::new("pinned", || {
+                        // SAFETY: in bounds; pinned source; synchronised before return.
+                        unsafe {
+                            result::memcpy_htod_async(dev.0, pinned.as_slice().unwrap(), stream.cu_stream())
+                        }
+                        .unwrap();
+                        stream.synchronize().unwrap();
+                    })
+                    .ceiling(),
+                    Method::new("pageable", || pageable_up(&stream, &dev, black_box(datar))),
+                    Method::new("devalloc", || a.copy_host_to_device(p, black_box(datar), index).unwrap())
+                        .ours(),
+                ];
+                interleave(&mut methods, reps(size, quick))
+            } else {
+                let clear = |k: usize| move || outs[k].borrow_mut().fill(0);
+                let ok = |k: usize| move || *outs[k].borrow() == *datar;
+                let mut methods = vec![
+                    Method::new("pinned", || {
+                        // SAFETY: in bounds; pinned destination read after the synchronise.
+                        unsafe {
+                            result::memcpy_dtoh_async(
+                                pinned.as_mut_slice().unwrap(),
+                                dev.0,
+                                stream.cu_stream(),
+                            )
+                        }
+                        .unwrap();
+                        stream.synchronize().unwrap();
+                    })
+                    .ceiling(),
+                    Method::new("pageable", || pageable_down(&stream, &mut outs[1].borrow_mut(), &dev))
+                        .prepare(clear(1))
+                        .verify(ok(1)),
+                    Method::new("devalloc", || {
+                        a.copy_device_to_host(&mut outs[2].borrow_mut(), p, index).unwrap()
+                    })
+                    .ours()
+                    .prepare(clear(2))
+                    .verify(ok(2)),
+                ];
+                interleave(&mut methods, reps(size, quick))
+            };
+            if upload {
+                let mut back = vec![0u8; size];
+                a.copy_device_to_host(&mut back, p, index).unwrap();
+                assert!(back == data, "devalloc's upload differs");
+            }
+            if first {
+                println!("{}   devalloc/pinned", header(&t));
+                first = false;
+            }
+            let vs_pinned = t.median[0].as_secs_f64() / t.median[2].as_secs_f64();
+            println!("{}   {vs_pinned:.2}x", row(size, &t));
+            a.deallocate(p, index).unwrap();
+        }
+    }
+    println!("\nalloc + free per second (each freed at once): cuMemAlloc/cuMemFree vs devalloc's cache");
+    for size in [64 * KIB, MIB, 16 * MIB, 256 * MIB] {
+        let n = if quick { 50 } else { 300 };
+        let mut methods = vec![
+            Method::new("cuMemAlloc", || drop(raw(&ctx, size))),
+            Method::new("devalloc", || {
+                let p = a.allocate(size, index, DEFAULT_ALIGNMENT).unwrap();
+                a.deallocate(p, index).unwrap();
+            })
+            .ours(),
+        ];
+        let t = interleave(&mut methods, n);
+        let per = |i: usize| 1.0 / t.median[i].as_secs_f64();
+        println!(
+            "{:>6} cuMemAlloc/Free {:>12.0}/s  devalloc {:>12.0}/s  {:.1}x",
+            human(size),
+            per(0),
+            per(1),
+            t.ratio().unwrap().0
         );
     }
-    println!("alloc+free per second");
-    for s in [64 << 10, MIB, 16 * MIB] {
-        let per = |d: Duration| 1.0 / d.as_secs_f64();
-        let plain = per(time(1, quick, || drop(stream.alloc_zeros::<u8>(s).unwrap())));
-        let cached = per(time(1, quick, || {
-            let p = alloc.allocate(s, index, DEFAULT_ALIGNMENT).unwrap();
-            alloc.deallocate(p, index).unwrap();
-        }));
-        println!(
-            "{:>6} cuMemAlloc/Free {plain:>10.0}  devalloc {cached:>10.0}  ratio {:.2}x",
-            human(s),
-            cached / plain
-        );
+}
+
+/// devalloc's staging settings at 64 MiB and 1 GiB: one short run finds the best.
+fn sweep_tuning(quick: bool) {
+    println!("\nsweep: devalloc upload/download GB/s by staging chunk, buffers, copy threads (cuda:0)");
+    let size = if quick { 64 * MIB } else { 1024 * MIB };
+    let data: Vec<u8> = (0..size).map(|i| i as u8).collect();
+    let mut back = vec![0u8; size];
+    println!("{:>6} {:>8} {:>8} {:>8} {:>10} {:>10}", "size", "chunk", "buffers", "threads", "up", "down");
+    for chunk in [4 * MIB, 8 * MIB, 32 * MIB] {
+        for buffers in [2, 4] {
+            for threads in [1, 4, 8] {
+                let copies = CopyTuning { pinned_threshold: MIB, chunk, buffers, threads };
+                let Ok(a) = CudaAllocator::with_options(CudaOptions { copies, ..CudaOptions::default() })
+                else {
+                    return;
+                };
+                let p = a.allocate(size, 0, DEFAULT_ALIGNMENT).unwrap();
+                let mut up =
+                    vec![Method::new("devalloc", || a.copy_host_to_device(p, &data, 0).unwrap()).ours()];
+                let tu = interleave(&mut up, 3);
+                let mut down =
+                    vec![Method::new("devalloc", || a.copy_device_to_host(&mut back, p, 0).unwrap()).ours()];
+                let td = interleave(&mut down, 3);
+                println!(
+                    "{:>6} {:>8} {:>8} {:>8} {:>10.2} {:>10.2}",
+                    human(size),
+                    human(chunk),
+                    buffers,
+                    threads,
+                    crate::common::gbps(size, tu.median[0]),
+                    crate::common::gbps(size, td.median[0])
+                );
+                a.deallocate(p, 0).unwrap();
+            }
+        }
     }
+    assert!(back == data, "the sweep's downloads differ");
 }

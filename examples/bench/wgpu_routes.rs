@@ -7,8 +7,8 @@ use devalloc::{
     DeviceAllocator, DevicePtr, PoolConfig, Route, WgpuAllocator, WgpuOptions, DEFAULT_ALIGNMENT,
 };
 
+use crate::common::{cold_row, header, human, interleave, reps, row, Method, KIB, MIB};
 use crate::peers;
-use crate::{cold_row, header, human, interleave, reps, row, Method, KIB, MIB};
 
 pub const BACKENDS: [(&str, wgpu::Backend); 4] = [
     ("vulkan", wgpu::Backend::Vulkan),
@@ -227,8 +227,9 @@ fn direct_route(a: &WgpuAllocator, max: u64, quick: bool) {
                 .verify(ok(2)),
         ];
         let td = interleave(&mut down, reps(size, quick));
-        let g = |t: &crate::Timings, i: usize| crate::gbps(size, t.median[i]);
-        let over = |t: &crate::Timings| t.median[2].as_nanos() as i128 - t.median[1].as_nanos() as i128;
+        let g = |t: &crate::common::Timings, i: usize| crate::common::gbps(size, t.median[i]);
+        let over =
+            |t: &crate::common::Timings| t.median[2].as_nanos() as i128 - t.median[1].as_nanos() as i128;
         println!(
             "{:>6} {:>10.2} {:>10.2} {:>10.2} {:>7.2}x | {:>10.2} {:>10.2} {:>10.2} {:>7.2}x | {:>+8} / {:>+8}",
             human(size),

@@ -8,7 +8,8 @@
 //!   [`Error::TooLarge`] / [`Error::InvalidArgument`]; one that cannot be met *now* is
 //!   [`Error::OutOfMemory`]. A refused request changes nothing: not the data, not the stats.
 //! - **Size classes.** With caching on, a block's capacity is the request rounded up to a size
-//!   class: four per power of two, 256 bytes at least (at most 25% more than asked). When the
+//!   class: four per power of two, 256 bytes at least (at most 25% more than asked), unless
+//!   the storage says otherwise (CUDA rounds requests of 1 MiB and more up to 2 MiB). When the
 //!   class would not fit under the device's largest block or the memory limit but the exact
 //!   size would, the exact size is used.
 //! - **The cache** keeps freed blocks, keyed by capacity, the alignment the block itself has,
@@ -36,7 +37,8 @@ use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use self::address::{AddressWindow, Refused, Span, MAX_DEVICES, MAX_WINDOW_BITS};
-use self::cache::{size_class, BlockCache, Key};
+pub(crate) use self::cache::size_class as default_size_class;
+use self::cache::{BlockCache, Key};
 use crate::allocator::{AllocatorStats, DEFAULT_ALIGNMENT};
 use crate::checks::{check_request, len64, round_up};
 use crate::device::Device;
@@ -260,7 +262,7 @@ impl<S: Storage> Pool<S> {
         let exact =
             granular(size).filter(|&c| c <= max).ok_or(Error::TooLarge { requested: size, max, device })?;
         // A size class past the limit falls back to the exact size.
-        let class = config.caching.then(|| size_class(size).and_then(granular)).flatten();
+        let class = config.caching.then(|| self.storage.size_class(size).and_then(granular)).flatten();
         let capacity = class.filter(|&c| c <= max).unwrap_or(exact);
         let label_key = (S::FIXED_LABELS).then(|| label.map(Box::from)).flatten();
         let key =

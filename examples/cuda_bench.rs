@@ -1,0 +1,16 @@
+//! The CUDA benchmark alone, without wgpu: what the GPU bundle carries to a machine with an
+//! NVIDIA GPU (see `examples/bench/cuda.rs`).
+//!
+//!     cargo run --release --no-default-features --features cuda --example cuda_bench [-- --quick] [-- --sweep]
+#[path = "bench/common.rs"]
+mod common;
+#[path = "bench/cuda.rs"]
+mod cuda;
+
+fn main() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    println!("# devalloc CUDA bench{} (medians; GB/s)", if quick { " (quick)" } else { "" });
+    cuda::run(quick, args.iter().any(|a| a == "--sweep"));
+}

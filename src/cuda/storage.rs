@@ -1,0 +1,289 @@
+//! [`CudaStorage`]: CUDA device memory of one device as a [`Storage`] for the generic pool.
+//!
+//! Memory comes from `cuMemAlloc` / `cuMemFree`, synchronous and outside any stream-ordered
+//! pool, on purpose: devalloc's pool is the cache, so the driver's pool would only add a second
+//! one (the default pool is process-wide and, with its release threshold of 0, gives memory
+//! back at every synchronisation anyway), and a stream-ordered allocation would be usable by
+//! another stream only once devalloc's stream reached it. Here a pointer is usable by every
+//! stream as soon as `allocate` returns, and `empty_cache` gives memory back to the driver at
+//! once, so out of memory -> empty cache -> retry really frees. Fresh memory is uninitialised,
+//! as `cudaMalloc`'s (devalloc does not zero it behind the caller's back).
+//!
+//! Freeing is not stream-ordered either: like `cudaFree`, freeing memory that queued work
+//! (a kernel on the caller's stream) still uses is the caller's bug. Finish that work first,
+//! as PyTorch asks with `record_stream`; with caching on, a freed block can also be handed to
+//! the next allocation while such work runs.
+#![warn(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+
+use std::sync::{Arc, OnceLock};
+
+use cudarc::driver::{result, sys, CudaContext, DriverError};
+
+use super::context::{keeping_current, CtxGuard, Opened};
+use super::errors::driver_error;
+use super::staging::{CopyTuning, Pinned};
+use crate::checks::round_up;
+use crate::device::{Device, DeviceIndex, DeviceType};
+use crate::error::{Error, Result};
+use crate::storage::Storage;
+
+/// The driver's base alignment of allocations.
+pub(crate) const DRIVER_ALIGNMENT: u64 = 256;
+/// Large requests round up to multiples of this (as PyTorch's caching allocator does), not to
+/// a size class: at GiB sizes a class would waste up to 25% of the card.
+const LARGE_ROUNDING: u64 = 2 << 20;
+
+/// One allocation: the raw `cuMemAlloc` pointer, its aligned start and its length; freed (with
+/// its context current) on drop.
+pub struct CudaBlock {
+    raw: sys::CUdeviceptr,
+    addr: u64,
+    len: u64,
+    ctx: Arc<CudaContext>,
+    device: Device,
+}
+
+impl Drop for CudaBlock {
+    fn drop(&mut self) {
+        let freed = CtxGuard::bind(&self.ctx, self.device).and_then(|_guard| {
+            // SAFETY: `raw` came from `cuMemAlloc` in this context and is freed only here; the
+            // pool hands out no pointer into it any more (the block is dropped).
+            unsafe { result::free_sync(self.raw) }.map_err(|e| driver_error(self.device, "freeing", e, 0))
+        });
+        if let Err(e) = freed {
+            log::error!("devalloc: freeing {} bytes on {}: {e}", self.len, self.device);
+        }
+    }
+}
+
+/// CUDA memory of one device, as a [`Storage`] for the generic pool. The context is opened
+/// on first use, so an unused GPU costs nothing and a busy one fails alone.
+pub struct CudaStorage {
+    id: Device,
+    ordinal: usize,
+    name: String,
+    total: u64,
+    opened: OnceLock<std::result::Result<Opened, String>>,
+    pub(crate) tuning: CopyTuning,
+    pub(crate) pinned: Pinned,
+}
+
+impl CudaStorage {
+    /// Device `ordinal`, described without opening a context (the driver is initialised).
+    pub(crate) fn new(ordinal: usize, tuning: CopyTuning, pool: Arc<rayon::ThreadPool>) -> Result<Self> {
+        let id = Device::new(DeviceType::Cuda, ordinal as DeviceIndex);
+        let err = |what: &str, e| driver_error(id, what, e, 0);
+        let dev = result::device::get(ordinal as i32).map_err(|e| err("finding the device", e))?;
+        let name = result::device::get_name(dev).map_err(|e| err("reading the device name", e))?;
+        // SAFETY: `dev` is a valid device handle returned just above.
+        let total =
+            unsafe { result::device::total_mem(dev) }.map_err(|e| err("reading the memory size", e))? as u64;
+        Ok(CudaStorage {
+            id,
+            ordinal,
+            name,
+            total,
+            opened: OnceLock::new(),
+            tuning,
+            pinned: Pinned::new(pool),
+        })
+    }
+
+    /// The device's context and stream, opened on first use; a device that could not be
+    /// opened stays unavailable (the error is kept).
+    pub(crate) fn opened(&self) -> Result<&Opened> {
+        let opened =
+            self.opened.get_or_init(|| Opened::open(self.ordinal, self.id).map_err(|e| e.to_string()));
+        opened.as_ref().map_err(|why| Error::not_found(why.clone()))
+    }
+
+    pub(crate) fn err(&self, what: &str, e: DriverError) -> Error {
+        driver_error(self.id, what, e, 0)
+    }
+
+    /// Free and total bytes of the device, as the driver counts them (`cuMemGetInfo`).
+    pub fn mem_info(&self) -> Result<(u64, u64)> {
+        let o = self.opened()?;
+        let _g = CtxGuard::bind(&o.ctx, self.id)?;
+        let (free, total) = result::mem_get_info().map_err(|e| self.err("reading free memory", e))?;
+        Ok((free as u64, total as u64))
+    }
+
+    /// Waits for every copy queued on devalloc's stream.
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        let o = self.opened()?;
+        let _g = CtxGuard::bind(&o.ctx, self.id)?;
+        o.stream.synchronize().map_err(|e| self.err("synchronising", e))
+    }
+}
+
+impl Drop for CudaStorage {
+    fn drop(&mut self) {
+        let Some(Ok(o)) = self.opened.take() else { return };
+        let id = self.id;
+        // cudarc's pinned buffers, events and stream bind their context when dropped: keep the
+        // caller's.
+        keeping_current(|| {
+            // Copies in flight read or write the pinned buffers: finish them before those go.
+            let finished = CtxGuard::bind(&o.ctx, id).and_then(|_g| {
+                o.stream.synchronize().map_err(|e| driver_error(id, "finishing copies", e, 0))
+            });
+            if let Err(e) = finished {
+                log::error!("devalloc: dropping {id}: {e}");
+            }
+            drop(std::mem::take(&mut *self.pinned.upload.lock().unwrap_or_else(|e| e.into_inner())));
+            drop(std::mem::take(&mut *self.pinned.download.lock().unwrap_or_else(|e| e.into_inner())));
+            drop(o);
+        });
+    }
+}
+
+impl Storage for CudaStorage {
+    type Block = CudaBlock;
+    type Params = ();
+
+    fn device(&self) -> Device {
+        self.id
+    }
+
+    fn name(&self) -> String {
+        format!("{} ({} GiB)", self.name, self.total >> 30)
+    }
+
+    fn max_block_size(&self) -> u64 {
+        self.total
+    }
+
+    fn has_real_addresses(&self) -> bool {
+        true
+    }
+
+    fn size_class(&self, size: u64) -> Option<u64> {
+        if size >= 1 << 20 {
+            round_up(size, LARGE_ROUNDING)
+        } else {
+            crate::pool::default_size_class(size)
+        }
+    }
+
+    fn check_usable(&self) -> Result<()> {
+        self.opened().map(drop)
+    }
+
+    fn alloc(&self, capacity: u64, alignment: u64, _params: &(), _label: Option<&str>) -> Result<CudaBlock> {
+        let extra = alignment.saturating_sub(DRIVER_ALIGNMENT);
+        let bytes = capacity.checked_add(extra).filter(|&b| b <= self.total).ok_or(Error::TooLarge {
+            requested: capacity,
+            max: self.total.saturating_sub(extra),
+            device: self.id,
+        })?;
+        let o = self.opened()?;
+        let _g = CtxGuard::bind(&o.ctx, self.id)?;
+        // SAFETY: a plain device allocation in the current (devalloc's) context; freed once,
+        // by the block's Drop.
+        let raw = unsafe { result::malloc_sync(bytes as usize) }
+            .map_err(|e| driver_error(self.id, "allocating device memory", e, capacity))?;
+        let addr = round_up(raw, alignment.max(DRIVER_ALIGNMENT))
+            .ok_or_else(|| Error::invalid_argument("address overflows"))?;
+        Ok(CudaBlock { raw, addr, len: capacity, ctx: Arc::clone(&o.ctx), device: self.id })
+    }
+
+    fn address(&self, block: &CudaBlock) -> Option<u64> {
+        Some(block.addr)
+    }
+
+    fn write(&self, block: &CudaBlock, offset: u64, src: &[u8]) -> Result<()> {
+        debug_assert!(offset + src.len() as u64 <= block.len);
+        let o = self.opened()?;
+        let _g = CtxGuard::bind(&o.ctx, self.id)?;
+        let dst = block.addr + offset;
+        if src.len() >= self.tuning.pinned_threshold {
+            return self.write_pinned(o, dst, src);
+        }
+        // SAFETY: in bounds (the pool checked it, the block is alive); the stream is
+        // synchronised before returning, so `src` outlives the copy.
+        unsafe { result::memcpy_htod_async(dst, src, o.stream.cu_stream()) }
+            .map_err(|e| self.err("copying to the device", e))?;
+        o.stream.synchronize().map_err(|e| self.err("waiting for the upload", e))
+    }
+
+    fn read(&self, block: &CudaBlock, offset: u64, dst: &mut [u8]) -> Result<()> {
+        debug_assert!(offset + dst.len() as u64 <= block.len);
+        let o = self.opened()?;
+        let _g = CtxGuard::bind(&o.ctx, self.id)?;
+        let src = block.addr + offset;
+        if dst.len() >= self.tuning.pinned_threshold {
+            return self.read_pinned(o, dst, src);
+        }
+        // SAFETY: in bounds (checked by the pool); `dst` is an exclusive borrow that outlives
+        // the copy because the stream is synchronised before returning.
+        unsafe { result::memcpy_dtoh_async(dst, src, o.stream.cu_stream()) }
+            .map_err(|e| self.err("copying to the host", e))?;
+        o.stream.synchronize().map_err(|e| self.err("waiting for the download", e))
+    }
+
+    fn copy(
+        &self,
+        src: &CudaBlock,
+        src_offset: u64,
+        dst: &CudaBlock,
+        dst_offset: u64,
+        len: u64,
+    ) -> Result<()> {
+        let o = self.opened()?;
+        let _g = CtxGuard::bind(&o.ctx, self.id)?;
+        let (s, d) = (src.addr + src_offset, dst.addr + dst_offset);
+        let overlap = s < d + len && d < s + len;
+        let stream = o.stream.cu_stream();
+        if overlap {
+            // cuMemcpy does not handle overlapping ranges: go through a temporary.
+            let tmp = self.alloc(len, DRIVER_ALIGNMENT, &(), None)?;
+            // SAFETY: all three ranges are in bounds of live allocations; the copies are
+            // ordered on the stream, which is synchronised before `tmp` is freed.
+            unsafe {
+                result::memcpy_dtod_async(tmp.addr, s, len as usize, stream)
+                    .and_then(|()| result::memcpy_dtod_async(d, tmp.addr, len as usize, stream))
+            }
+            .map_err(|e| self.err("copying on the device", e))?;
+            // Finished before `tmp` is freed.
+            return o.stream.synchronize().map_err(|e| self.err("waiting for the copy", e));
+        } else {
+            // SAFETY: both ranges are in bounds of live allocations (checked by the pool) and do
+            // not overlap.
+            unsafe { result::memcpy_dtod_async(d, s, len as usize, stream) }
+                .map_err(|e| self.err("copying on the device", e))?;
+        }
+        o.stream.synchronize().map_err(|e| self.err("waiting for the copy", e))
+    }
+
+    fn copy_to(
+        &self,
+        src: &CudaBlock,
+        src_offset: u64,
+        dst_storage: &Self,
+        dst: &CudaBlock,
+        dst_offset: u64,
+        len: u64,
+    ) -> Option<Result<()>> {
+        // A peer copy between two GPUs (untested where one GPU is lent: it needs two).
+        let run = || -> Result<()> {
+            let (so, dst_o) = (self.opened()?, dst_storage.opened()?);
+            let _g = CtxGuard::bind(&so.ctx, self.id)?;
+            // SAFETY: both ranges are in bounds of live allocations of their devices (checked
+            // by their pools); the stream is synchronised before returning.
+            unsafe {
+                result::memcpy_peer_async(
+                    dst_o.ctx.cu_ctx(),
+                    dst.addr + dst_offset,
+                    so.ctx.cu_ctx(),
+                    src.addr + src_offset,
+                    len as usize,
+                    so.stream.cu_stream(),
+                )
+            }
+            .map_err(|e| self.err("copying between GPUs", e))?;
+            so.stream.synchronize().map_err(|e| self.err("waiting for the peer copy", e))
+        };
+        Some(run())
+    }
+}
