@@ -1,13 +1,16 @@
 //! The tour: registers every allocator this machine can offer, prints a table of devices,
 //! round-trips data through each one and reports the result.
 //!
-//!     cargo run --example tour
+//!     cargo run --example tour [-- --snapshot FILE]
 //!
+//! With `--snapshot FILE` every allocator records its history while the tour runs, and the
+//! tour writes a snapshot of every device (JSON; open it in the demo page's memory viewer:
+//! `index.html?snapshot=FILE` under `scripts/serve-web`, or drop the file on the page).
 //! Set RUST_LOG=debug for what happens underneath.
 use std::time::Instant;
 
 use devalloc::{
-    DeviceAllocator, DeviceAllocatorRegistry, DeviceIndex, DeviceMemoryBuffer, DEFAULT_ALIGNMENT,
+    DeviceAllocator, DeviceAllocatorRegistry, DeviceIndex, DeviceMemoryBuffer, DevicePtr, DEFAULT_ALIGNMENT,
 };
 
 fn main() {
@@ -17,9 +20,23 @@ fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default)).init();
     let registry = DeviceAllocatorRegistry::instance();
 
+    let args: Vec<String> = std::env::args().collect();
+    let snapshot = args.iter().position(|a| a == "--snapshot").map(|i| {
+        args.get(i + 1).cloned().unwrap_or_else(|| {
+            eprintln!("--snapshot needs a file name");
+            std::process::exit(2)
+        })
+    });
     println!("devalloc tour: registering every allocator this machine offers\n");
     for line in devalloc::register_available(registry) {
         println!("  {line}");
+    }
+    if snapshot.is_some() {
+        for alloc in registry.allocators() {
+            if let Err(e) = alloc.record_history(10_000) {
+                println!("  {}: no history: {e}", alloc.device_type());
+            }
+        }
     }
 
     println!(
@@ -72,6 +89,28 @@ fn main() {
             }
         }
     }
+    if let Some(path) = snapshot {
+        for alloc in registry.allocators() {
+            for index in 0..alloc.device_count() as DeviceIndex {
+                if let Err(e) = workload(alloc, index) {
+                    println!("{}:{index}: the snapshot's workload failed: {e}", alloc.device_type());
+                    failures += 1;
+                }
+            }
+        }
+        let snap = registry.snapshot();
+        let events: usize =
+            snap.devices.iter().filter_map(|d| d.history.as_ref()).map(|h| h.events.len()).sum();
+        match snap.write(&path) {
+            Ok(()) => {
+                println!("\nsnapshot of {} device(s), {events} events, written to {path}", snap.devices.len())
+            }
+            Err(e) => {
+                eprintln!("writing the snapshot to {path}: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
     if failures > 0 {
         eprintln!("\n{failures} device(s) failed the round trip");
         std::process::exit(1);
@@ -104,8 +143,8 @@ fn round_trip(
     if &word != b"devalloc" {
         return Err(devalloc::Error::invalid_argument("ragged sub-range round trip differs"));
     }
-    // A memory-planned pool.
-    let plan = devalloc::PlannedMemory::new(alloc, index, &[1 << 20])?;
+    // A memory plan: two planned buffers, tensors at offsets.
+    let plan = devalloc::PlannedMemory::new(alloc, index, &[1 << 20, 256 << 10])?;
     let tensor = plan.get_offset_address(0, 4096, 16)?;
     alloc.copy_host_to_device(tensor, &[42u8; 16], index)?;
     let mut t16 = [0u8; 16];
@@ -114,6 +153,52 @@ fn round_trip(
         return Err(devalloc::Error::invalid_argument("planned pool round trip differs"));
     }
     Ok((n * 4, up, down))
+}
+
+/// Allocates with a label where the allocator takes one (the built-in ones do).
+fn labeled(
+    alloc: &dyn DeviceAllocator,
+    nbytes: usize,
+    index: DeviceIndex,
+    label: &str,
+) -> devalloc::Result<DevicePtr> {
+    let any = alloc.as_any();
+    if let Some(a) = any.and_then(|a| a.downcast_ref::<devalloc::HostAllocator>()) {
+        return a.allocate_labeled(nbytes, index, DEFAULT_ALIGNMENT, label);
+    }
+    if let Some(a) = any.and_then(|a| a.downcast_ref::<devalloc::WgpuAllocator>()) {
+        return a.allocate_labeled(nbytes, index, DEFAULT_ALIGNMENT, label);
+    }
+    alloc.allocate(nbytes, index, DEFAULT_ALIGNMENT)
+}
+
+/// What a small model does to memory, for the snapshot: weights that stay, a memory plan,
+/// and three steps whose activations come and go layer by layer.
+fn workload(alloc: &'static dyn DeviceAllocator, index: DeviceIndex) -> devalloc::Result<()> {
+    let layers = 4;
+    let weights: Vec<DevicePtr> = (0..layers)
+        .map(|l| labeled(alloc, (3 << 20) >> l, index, &format!("w.layer{l}")))
+        .collect::<devalloc::Result<_>>()?;
+    let plan = devalloc::PlannedMemory::new(alloc, index, &[512 << 10, 128 << 10])?;
+    for step in 0..3 {
+        let input = labeled(alloc, 256 << 10, index, &format!("input.step{step}"))?;
+        alloc.copy_host_to_device(input, &[step as u8; 4096], index)?;
+        let mut prev = input;
+        for l in 0..layers {
+            let act = labeled(alloc, (1 << 20) >> l, index, &format!("act.layer{l}"))?;
+            alloc.copy_device_to_device(act, index, prev, index, 4096)?;
+            alloc.deallocate(prev, index)?;
+            prev = act;
+        }
+        let mut out = [0u8; 16];
+        alloc.copy_device_to_host(&mut out, prev, index)?;
+        alloc.deallocate(prev, index)?;
+    }
+    drop(plan);
+    for w in weights {
+        alloc.deallocate(w, index)?;
+    }
+    Ok(())
 }
 
 fn human(bytes: usize) -> String {

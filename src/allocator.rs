@@ -30,7 +30,8 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
 /// memory (the host-visible buffers a copy passes through) is counted apart, in
 /// `staging_bytes`. Stats move only when a call succeeds. Marked `non_exhaustive`: start from
 /// `AllocatorStats::default()` when writing an allocator of your own.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 #[non_exhaustive]
 pub struct AllocatorStats {
     /// Bytes of live allocations, as requested.
@@ -192,6 +193,20 @@ pub trait DeviceAllocator: WasmNotSendSync {
         index: DeviceIndex,
     ) -> BoxFuture<'a, Result<()>> {
         Box::pin(std::future::ready(self.copy_device_to_host(dst, src, index)))
+    }
+
+    /// Starts recording the newest `events` events of every device (allocations, frees, cache
+    /// hits and misses, evictions, out of memory, planned buffers, copy counts), or with 0
+    /// stops. Off by default; off, it costs nothing measurable. Default: [`Error::NotSupported`].
+    fn record_history(&self, events: usize) -> Result<()> {
+        let _ = events;
+        Err(not_implemented(self.device_type(), "record_history"))
+    }
+
+    /// Every device's live allocations, cache, planned buffers, stats and recorded history,
+    /// as a [`crate::Snapshot`] (JSON with `to_json`). Default: [`Error::NotSupported`].
+    fn snapshot(&self) -> Result<crate::Snapshot> {
+        Err(not_implemented(self.device_type(), "snapshot"))
     }
 
     /// The allocator as [`Any`], so that a registry user can get back to its concrete type

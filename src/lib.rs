@@ -134,6 +134,7 @@ mod pool;
 mod pooled_allocator;
 mod ptr;
 mod registry;
+mod snapshot;
 mod storage;
 #[cfg(feature = "wgpu")]
 mod wgpu;
@@ -158,6 +159,10 @@ pub use planned::{PlanLayout, PlannedMemory};
 pub use pool::PoolConfig;
 pub use ptr::DevicePtr;
 pub use registry::{copy, get_device_allocator, register_device_allocator, DeviceAllocatorRegistry};
+pub use snapshot::{
+    CachedBlocks, CopyCounts, Count, DeviceMemory, DeviceSnapshot, Event, EventKind, HistorySnapshot,
+    LiveAllocation, PlannedBuffer, Snapshot, SNAPSHOT_FORMAT, SNAPSHOT_VERSION,
+};
 #[cfg(feature = "wgpu")]
 pub use wgpu::{
     register_wgpu_backends, BindingKind, BufferRange, BufferRequest, DeviceLostHandler, Route, WgpuAllocator,

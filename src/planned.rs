@@ -84,6 +84,11 @@ impl PlanTable {
         base.offset(offset)
     }
 
+    /// (memory id, base, size) of every planned buffer.
+    pub fn list(&self) -> Vec<(u32, DevicePtr, u64)> {
+        self.buffers.iter().map(|(&id, &(base, size))| (id, base, size)).collect()
+    }
+
     /// Removes every planned buffer, returning their base addresses (null for empty ones).
     pub fn take_all(&mut self) -> Vec<(u32, DevicePtr)> {
         std::mem::take(&mut self.buffers).into_iter().map(|(id, (base, _))| (id, base)).collect()

@@ -71,6 +71,25 @@ impl<S: Storage> PooledAllocator<S> {
         Ok(())
     }
 
+    /// Sets device `index`'s memory limit to `fraction` (0 to 1) of the device's memory, where
+    /// the backend knows its size (CUDA); [`Error::NotSupported`] elsewhere (wgpu has no query
+    /// for a device's memory size).
+    pub fn set_memory_fraction(&self, index: DeviceIndex, fraction: f64) -> Result<()> {
+        let pool = self.pool(index)?;
+        if !(fraction > 0.0 && fraction <= 1.0) {
+            return Err(Error::invalid_argument(format!("memory fraction {fraction}: it must be in (0, 1]")));
+        }
+        let total = pool.storage().device_memory().and_then(|m| m.total_bytes).ok_or_else(|| {
+            Error::NotSupported {
+                operation: "set_memory_fraction",
+                device_type: self.device_type,
+                reason: "the backend cannot say how much memory the device has; set a limit in bytes".into(),
+            }
+        })?;
+        pool.set_memory_limit(Some((total as f64 * fraction) as u64));
+        Ok(())
+    }
+
     /// A readable summary of every device: stats and live allocations.
     pub fn report(&self) -> String {
         self.pools.iter().map(Pool::report).collect()
@@ -237,6 +256,15 @@ impl<S: Storage + 'static> DeviceAllocator for PooledAllocator<S> {
             let pool = self.pool(index)?;
             pool.read_async(dst, src).await.map_err(|e| self.foreign(index, src, e))
         })
+    }
+
+    fn record_history(&self, events: usize) -> Result<()> {
+        self.pools.iter().for_each(|p| p.record_history(events, false));
+        Ok(())
+    }
+
+    fn snapshot(&self) -> Result<crate::Snapshot> {
+        Ok(crate::Snapshot::new(self.pools.iter().map(Pool::snapshot).collect()))
     }
 
     fn as_any(&self) -> Option<&dyn Any> {

@@ -114,6 +114,12 @@ impl DeviceAllocatorRegistry {
         self.slots.iter().filter_map(|s| s.get().copied())
     }
 
+    /// One [`crate::Snapshot`] of every device of every registered allocator that can take one.
+    pub fn snapshot(&self) -> crate::Snapshot {
+        let devices = self.allocators().filter_map(|a| a.snapshot().ok()).flat_map(|s| s.devices).collect();
+        crate::Snapshot::new(devices)
+    }
+
     /// Copies `nbytes` from `src_ptr` on `src` to `dst_ptr` on `dst`: through the allocator's
     /// own device-to-device copy when both are of one type, else through a host bounce buffer
     /// in chunks of 4 MiB. Both ranges are checked before a byte moves.

@@ -88,6 +88,12 @@ pub trait Storage: WasmNotSendSync {
         Ok(())
     }
 
+    /// What the device itself says about its memory, where the backend can say it (CUDA:
+    /// `cuMemGetInfo`; wgpu: its allocator report). Default: `None`.
+    fn device_memory(&self) -> Option<crate::DeviceMemory> {
+        None
+    }
+
     /// Bytes of staging memory the storage holds now (reported as
     /// [`crate::AllocatorStats::staging_bytes`]).
     fn staging_bytes(&self) -> u64 {

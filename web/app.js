@@ -2,6 +2,7 @@
 // download against plain wgpu, and chart allocated vs reserved memory. When done, the title
 // says "devalloc: done" (or "devalloc: failed") and #results holds the figures as JSON.
 import init, { Devalloc } from "./pkg/devalloc_web.js";
+import * as viewer from "./viewer.js";
 
 const $ = (id) => document.getElementById(id);
 const results = { ok: false, backend: null, roundTrip: false, bench: [], latencyUs: null, memory: [] };
@@ -181,6 +182,26 @@ async function hostileInputs(dv) {
   results.hostileStatsKept = after.live === before.live && after.allocated === before.allocated;
 }
 
+// The memory viewer: a snapshot file named by ?snapshot=URL (same origin), else the page's own
+// allocator recording its history while it runs a few layers of a network on a memory plan.
+async function memoryViewer(dv) {
+  viewer.acceptFiles((snap, name) => { results.viewer = viewer.render(snap, name); });
+  const url = new URLSearchParams(location.search).get("snapshot");
+  if (url) {
+    status(`opening the snapshot ${url}…`, "running");
+    const response = await fetch(url);
+    if (!response.ok) throw new Error(`snapshot ${url}: HTTP ${response.status}`);
+    results.viewer = viewer.render(await response.json(), url);
+    return;
+  }
+  status("running a network on a memory plan…", "running");
+  dv.record_history(10000);
+  results.network = { maxError: await dv.run_network() };
+  const snap = dv.snapshot();
+  dv.record_history(0);
+  results.viewer = viewer.render(snap, "this page's allocator");
+}
+
 async function main() {
   try {
     await init();
@@ -191,7 +212,10 @@ async function main() {
     await hostileInputs(dv);
     await throughput(dv);
     await memory(dv);
+    await memoryViewer(dv);
     results.ok = results.roundTrip && results.hostile.every((h) => h.ok) && results.hostileStatsKept
+      && results.viewer && results.viewer.shown && results.viewer.shown.events > 0
+      && (!results.network || results.network.maxError < 1e-3)
       && results.bench.every((r) => r.verified && ours(r.up).gbps > 0 && ours(r.down).gbps > 0);
     status(results.ok ? `done on ${dv.backend === "webgpu" ? "WebGPU" : "WebGL2"}` : "done, with failures", results.ok ? "ok" : "bad");
     document.title = results.ok ? "devalloc: done" : "devalloc: failed";

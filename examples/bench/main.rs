@@ -19,6 +19,7 @@
 mod common;
 #[cfg(feature = "cuda")]
 mod cuda;
+mod history;
 mod peers;
 mod wgpu_routes;
 
@@ -46,6 +47,9 @@ fn main() {
         if only.is_empty() || only.contains(&name) {
             wgpu_routes::run(name, backend, quick);
         }
+    }
+    if only.is_empty() || only.contains(&"history") {
+        history::run(quick);
     }
     if only.is_empty() || only.contains(&"cuda") {
         run_cuda(quick);

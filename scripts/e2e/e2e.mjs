@@ -14,9 +14,15 @@ const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..");
 const args = process.argv.slice(2);
 const flag = (name) => args.includes(name);
 const value = (name, dflt) => (args.includes(name) ? args[args.indexOf(name) + 1] : dflt);
+// Paths on the command line are relative to where scripts/e2e-web was run.
+const fromCaller = (p) => (p === null ? null : resolve(process.env.E2E_CWD || process.cwd(), p));
 const noWebgpu = flag("--no-webgpu");
+// --snapshot FILE: a snapshot (e.g. from `cargo run --example tour -- --snapshot FILE`) under
+// the repository, opened in the page's viewer through ?snapshot=.
+const snapshotFile = fromCaller(value("--snapshot", null));
+const timelineShot = fromCaller(value("--timeline", join(ROOT, "target", "web-e2e", noWebgpu ? "timeline-webgl.png" : "timeline.png")));
 const expectBackend = noWebgpu ? "gl" : "webgpu";
-const shot = value("--screenshot", join(ROOT, "target", "web-e2e", noWebgpu ? "demo-webgl.png" : "demo.png"));
+const shot = fromCaller(value("--screenshot", join(ROOT, "target", "web-e2e", noWebgpu ? "demo-webgl.png" : "demo.png")));
 const browserPath = process.env.CHROMIUM || "/usr/bin/chromium";
 
 if (!existsSync(join(ROOT, "web", "pkg", "devalloc_web.js"))) {
@@ -47,7 +53,9 @@ let results;
 const checks = [];
 const check = (name, ok) => checks.push([name, Boolean(ok)]);
 try {
-  const url = `http://127.0.0.1:${port}/index.html`;
+  const rel = snapshotFile ? resolve(snapshotFile).slice(ROOT.length + 1) : null;
+  if (snapshotFile && !resolve(snapshotFile).startsWith(ROOT + "/")) throw new Error("--snapshot: the file must be under the repository (the page can only fetch from there)");
+  const url = `http://127.0.0.1:${port}/index.html${rel ? `?snapshot=${encodeURIComponent(rel)}` : ""}`;
   await waitForServer(url, 30_000);
   browser = await chromium.launch({
     executablePath: browserPath,
@@ -74,6 +82,7 @@ try {
   const status = await page.locator("#status").textContent();
   mkdirSync(dirname(shot), { recursive: true });
   await page.screenshot({ path: shot, fullPage: true });
+  await page.locator("#viewer").screenshot({ path: timelineShot });
   console.log(`e2e: page ${url}: title ${JSON.stringify(title)}, status ${JSON.stringify(status)}`);
   console.log(`e2e: screenshot saved to ${shot}`);
   for (const line of consoleLines.slice(0, 20)) console.log(`e2e: console ${line}`);
@@ -96,6 +105,11 @@ check("every method of every size measured, its data verified",
   bench.length && bench.every((b) => b.verified && b.up.length === 3 && b.down.length === 4 && [...b.up, ...b.down].every((m) => m.gbps > 0)));
 check("4-byte latency measured", ((results.latencyUs || {}).devalloc || 0) > 0);
 check("memory chart fed with allocated <= reserved", results.memory && results.memory.every((m) => m.allocated <= m.reserved));
+const v = results.viewer || {};
+check(snapshotFile ? `the viewer drew the snapshot ${snapshotFile}` : "the viewer drew the page's own history",
+  v.shown && v.shown.events > 0 && v.shown.peakBytes > 0 && (!snapshotFile || v.source.includes(snapshotFile.split("/").pop())));
+if (!snapshotFile) check("the network on a memory plan matched the CPU", results.network && results.network.maxError < 1e-3);
+console.log(`e2e: viewer: ${JSON.stringify(v)}; timeline screenshot ${timelineShot}`);
 
 console.log(`e2e: adapter ${JSON.stringify(results.adapter)}`);
 for (const h of hostile) if (!h.ok) console.log(`e2e: hostile ${h.name}: ${h.threw ? `threw "${h.message}"` : "did not throw"}`);

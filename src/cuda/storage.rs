@@ -170,6 +170,17 @@ impl Storage for CudaStorage {
         self.opened().map(drop)
     }
 
+    fn device_memory(&self) -> Option<crate::DeviceMemory> {
+        // The size is known without a context; free memory only once the device is open.
+        let free = self
+            .opened
+            .get()
+            .and_then(|o| o.as_ref().ok())
+            .and_then(|_| self.mem_info().ok())
+            .map(|(f, _)| f);
+        Some(crate::DeviceMemory { total_bytes: Some(self.total), free_bytes: free, ..Default::default() })
+    }
+
     fn alloc(&self, capacity: u64, alignment: u64, _params: &(), _label: Option<&str>) -> Result<CudaBlock> {
         let extra = alignment.saturating_sub(DRIVER_ALIGNMENT);
         let bytes = capacity.checked_add(extra).filter(|&b| b <= self.total).ok_or(Error::TooLarge {

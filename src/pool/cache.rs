@@ -54,6 +54,15 @@ impl<B, P: Ord> BlockCache<B, P> {
     pub fn bytes(&self) -> u64 {
         self.bytes
     }
+
+    /// (capacity, number of blocks) of what is cached, by capacity.
+    pub fn counts(&self) -> Vec<(u64, u64)> {
+        let mut by: std::collections::BTreeMap<u64, u64> = std::collections::BTreeMap::new();
+        for (k, list) in &self.blocks {
+            *by.entry(k.capacity).or_default() += list.len() as u64;
+        }
+        by.into_iter().collect()
+    }
 }
 
 /// Size class of a request: four classes per power of two (at most 25% more than asked),

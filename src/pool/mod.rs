@@ -29,12 +29,19 @@
 //!   against the limit but not in the stats, which move only once a call has succeeded.
 #![deny(unsafe_code)]
 
+mod access;
 mod address;
 mod cache;
+mod history;
+mod plans;
+mod report;
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard};
+
+pub(crate) use self::history::now_us;
+use self::history::History;
 
 use self::address::{AddressWindow, Refused, Span, MAX_DEVICES, MAX_WINDOW_BITS};
 pub(crate) use self::cache::size_class as default_size_class;
@@ -45,6 +52,7 @@ use crate::device::Device;
 use crate::error::{Error, PointerProblem, Result};
 use crate::planned::PlanTable;
 use crate::ptr::DevicePtr;
+use crate::snapshot::EventKind;
 use crate::storage::Storage;
 
 /// Settings of a [`Pool`].
@@ -139,6 +147,8 @@ pub struct Pool<S: Storage> {
     device: Device,
     config: Mutex<PoolConfig>,
     state: Mutex<State<S>>,
+    history: Mutex<Option<History>>,
+    recording: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -177,6 +187,8 @@ impl<S: Storage> Pool<S> {
                 pending: 0,
                 plans: PlanTable::new(),
             }),
+            history: Mutex::new(None),
+            recording: AtomicBool::new(false),
         })
     }
 
@@ -214,6 +226,20 @@ impl<S: Storage> Pool<S> {
         label: Option<&str>,
         params: S::Params,
     ) -> Result<DevicePtr> {
+        let r = self.allocate_steps(nbytes, alignment, label, params);
+        if let Err(Error::OutOfMemory { requested, detail, .. }) = &r {
+            self.note(|| EventKind::OutOfMemory { requested: *requested, detail: detail.clone() });
+        }
+        r
+    }
+
+    fn allocate_steps(
+        &self,
+        nbytes: usize,
+        alignment: usize,
+        label: Option<&str>,
+        params: S::Params,
+    ) -> Result<DevicePtr> {
         self.storage.check_usable()?;
         let config = lock(&self.config).clone();
         let plan = self.plan(nbytes, alignment, label, params, &config)?;
@@ -232,7 +258,17 @@ impl<S: Storage> Pool<S> {
                 }
             },
         };
-        Ok(self.record(plan, block, fresh, span, label))
+        let (size, capacity) = (plan.size, plan.key.capacity);
+        let ptr = self.record(plan, block, fresh, span, label);
+        self.note(|| EventKind::Alloc {
+            addr: ptr.addr(),
+            size,
+            capacity,
+            label: label.map(Into::into),
+            from_cache: !fresh,
+            backtrace: None,
+        });
+        Ok(ptr)
     }
 
     /// Step 1: checks the request and works out the block it needs. Changes nothing.
@@ -294,7 +330,9 @@ impl<S: Storage> Pool<S> {
         if let Some(limit) = config.memory_limit {
             let held = state.stats.reserved_bytes + state.pending;
             if held + capacity > limit && held - state.stats.cached_bytes + capacity <= limit {
+                let bytes = state.stats.cached_bytes;
                 evicted = Self::take_cache(&mut state);
+                self.note(|| EventKind::Evict { bytes });
             }
             let held = state.stats.reserved_bytes + state.pending;
             if held + capacity > limit {
@@ -374,25 +412,6 @@ impl<S: Storage> Pool<S> {
         DevicePtr::new(base)
     }
 
-    /// An out-of-memory error that says what the pool holds and its largest live allocations.
-    fn out_of_memory(&self, state: &State<S>, requested: u64, what: String) -> Error {
-        let s = &state.stats;
-        let mut largest: Vec<(&u64, &Live<S>)> = state.live.iter().collect();
-        largest.sort_by_key(|(_, l)| std::cmp::Reverse(l.size));
-        let mut detail = format!(
-            "{what}; {} bytes allocated in {} allocation(s), {} reserved, {} cached",
-            s.allocated_bytes, s.live_allocations, s.reserved_bytes, s.cached_bytes
-        );
-        if !largest.is_empty() {
-            detail.push_str("; largest live:");
-            for (base, l) in largest.iter().take(3) {
-                let name = l.label.as_deref().unwrap_or("unlabelled");
-                let _ = write!(detail, " {name} ({} bytes at {base:#x})", l.size);
-            }
-        }
-        Error::OutOfMemory { requested, device: self.device, detail }
-    }
-
     /// Frees the allocation that starts at `ptr`.
     pub fn deallocate(&self, ptr: DevicePtr) -> Result<()> {
         let config = lock(&self.config).clone();
@@ -415,6 +434,7 @@ impl<S: Storage> Pool<S> {
             w.release(span);
         }
         let keep = config.caching && config.reuse_freed;
+        let size = live.size;
         let to_drop = match (keep, Arc::try_unwrap(live.block)) {
             (true, Ok(block)) => {
                 state.stats.cached_bytes += capacity;
@@ -427,7 +447,9 @@ impl<S: Storage> Pool<S> {
             }
         };
         drop(state);
+        let to_cache = to_drop.is_none();
         drop(to_drop);
+        self.note(|| EventKind::Free { addr: ptr.addr(), size, capacity, to_cache });
         Ok(())
     }
 
@@ -470,62 +492,6 @@ impl<S: Storage> Pool<S> {
         Ok(BlockRef { block: Arc::clone(&live.block), offset, available: live.size - offset })
     }
 
-    /// Writes `src` at `dst`. 0 bytes: Ok without looking at `dst`.
-    pub fn write(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
-        if src.is_empty() {
-            return Ok(());
-        }
-        let r = self.block_at(dst, len64(src.len()))?;
-        self.storage.write(&r.block, r.offset, src)
-    }
-
-    /// Async twin of [`Pool::write`].
-    pub async fn write_async(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
-        if src.is_empty() {
-            return Ok(());
-        }
-        let r = self.block_at(dst, len64(src.len()))?;
-        self.storage.write_async(&r.block, r.offset, src).await
-    }
-
-    /// Reads `dst.len()` bytes at `src`. 0 bytes: Ok without looking at `src`.
-    pub fn read(&self, dst: &mut [u8], src: DevicePtr) -> Result<()> {
-        if dst.is_empty() {
-            return Ok(());
-        }
-        let r = self.block_at(src, len64(dst.len()))?;
-        self.storage.read(&r.block, r.offset, dst)
-    }
-
-    /// Async twin of [`Pool::read`].
-    pub async fn read_async(&self, dst: &mut [u8], src: DevicePtr) -> Result<()> {
-        if dst.is_empty() {
-            return Ok(());
-        }
-        let r = self.block_at(src, len64(dst.len()))?;
-        self.storage.read_async(&r.block, r.offset, dst).await
-    }
-
-    /// Copies `nbytes` from `src` to `dst`, both in this pool (overlap allowed).
-    pub fn copy(&self, dst: DevicePtr, src: DevicePtr, nbytes: usize) -> Result<()> {
-        if nbytes == 0 {
-            return Ok(());
-        }
-        let s = self.block_at(src, len64(nbytes))?;
-        let d = self.block_at(dst, len64(nbytes))?;
-        self.storage.copy(&s.block, s.offset, &d.block, d.offset, len64(nbytes))
-    }
-
-    /// Async twin of [`Pool::copy`].
-    pub async fn copy_async(&self, dst: DevicePtr, src: DevicePtr, nbytes: usize) -> Result<()> {
-        if nbytes == 0 {
-            return Ok(());
-        }
-        let s = self.block_at(src, len64(nbytes))?;
-        let d = self.block_at(dst, len64(nbytes))?;
-        self.storage.copy_async(&s.block, s.offset, &d.block, d.offset, len64(nbytes)).await
-    }
-
     fn take_cache(state: &mut State<S>) -> Vec<S::Block> {
         state.stats.reserved_bytes -= state.cache.bytes();
         state.stats.cached_bytes = 0;
@@ -539,6 +505,7 @@ impl<S: Storage> Pool<S> {
         let blocks = Self::take_cache(&mut state);
         drop(state);
         drop(blocks);
+        self.note(|| EventKind::EmptyCache { bytes });
         bytes
     }
 
@@ -547,83 +514,6 @@ impl<S: Storage> Pool<S> {
         let mut stats = lock(&self.state).stats;
         stats.staging_bytes = self.storage.staging_bytes();
         stats
-    }
-
-    /// Every live allocation, in address order.
-    pub fn live_allocations(&self) -> Vec<AllocationInfo> {
-        lock(&self.state)
-            .live
-            .iter()
-            .map(|(&b, l)| AllocationInfo {
-                ptr: DevicePtr::new(b),
-                size: l.size,
-                capacity: l.key.capacity,
-                label: l.label.as_deref().map(Into::into),
-            })
-            .collect()
-    }
-
-    /// A readable summary: stats, then each live allocation.
-    pub fn report(&self) -> String {
-        let s = self.stats();
-        let mut out = format!(
-            "{}: {} live allocation(s), {} bytes allocated (peak {}), {} reserved (peak {}), {} cached; {} hits / {} misses; {} staging\n",
-            self.device,
-            s.live_allocations,
-            s.allocated_bytes,
-            s.peak_allocated_bytes,
-            s.reserved_bytes,
-            s.peak_reserved_bytes,
-            s.cached_bytes,
-            s.cache_hits,
-            s.cache_misses,
-            s.staging_bytes
-        );
-        for a in self.live_allocations() {
-            let _ = writeln!(
-                out,
-                "  {} {} bytes ({})",
-                a.ptr,
-                a.size,
-                a.label.as_deref().unwrap_or("unlabelled")
-            );
-        }
-        out
-    }
-
-    /// Allocates planned buffer `memory_id` (see [`crate::PlannedMemory`] for the protocol).
-    pub fn init_buffer(&self, memory_id: u32, nbytes: usize) -> Result<DevicePtr> {
-        if lock(&self.state).plans.contains(memory_id) {
-            return Err(PlanTable::already_initialised(self.device, memory_id));
-        }
-        let label = format!("planned buffer {memory_id}");
-        let base = self.allocate_with(nbytes, DEFAULT_ALIGNMENT, Some(&label), S::Params::default())?;
-        let inserted = lock(&self.state).plans.insert(self.device, memory_id, base, len64(nbytes));
-        if let Err(e) = inserted {
-            // Another thread initialised the same id meanwhile.
-            self.deallocate(base)?;
-            return Err(e);
-        }
-        Ok(base)
-    }
-
-    /// `buffer(memory_id) + offset`, bounds-checked for `nbytes`.
-    pub fn get_offset_address(&self, memory_id: u32, offset: usize, nbytes: usize) -> Result<DevicePtr> {
-        lock(&self.state).plans.offset_address(self.device, memory_id, offset, nbytes)
-    }
-
-    /// Frees every planned buffer, all of them even when one fails; reports the first failure.
-    pub fn release_buffers(&self) -> Result<()> {
-        let buffers = lock(&self.state).plans.take_all();
-        let mut first = Ok(());
-        for (_, base) in buffers {
-            if let Err(e) = self.deallocate(base) {
-                if first.is_ok() {
-                    first = Err(e);
-                }
-            }
-        }
-        first
     }
 }
 

@@ -10,6 +10,7 @@
 #![deny(unsafe_code)]
 
 mod bench;
+mod network;
 
 use devalloc::{
     DeviceAllocator, DeviceAllocatorRegistry, DevicePtr, WgpuAllocator, WgpuOptions, DEFAULT_ALIGNMENT,
@@ -228,6 +229,28 @@ impl Devalloc {
     /// Gives cached buffers back to the browser; returns the bytes freed.
     pub fn empty_cache(&self) -> f64 {
         self.alloc.empty_cache() as f64
+    }
+
+    /// Starts recording the newest `events` events (0 stops); see `snapshot`.
+    pub fn record_history(&self, events: JsValue) -> Result<(), JsValue> {
+        self.alloc.record_history(count(&events, "events")?).map_err(js)
+    }
+
+    /// A snapshot of the allocator (devalloc's snapshot format, as a JS object).
+    pub fn snapshot(&self) -> Result<JsValue, JsValue> {
+        let snap = self.alloc.snapshot().map_err(js)?;
+        // Through JSON text, so that the page sees exactly what a snapshot file holds.
+        js_sys::JSON::parse(&snap.to_json())
+    }
+
+    /// Runs a few dense layers of a network in WGSL on devalloc memory (weights in labelled
+    /// allocations, activations in one planned buffer); resolves to max |gpu - cpu|.
+    pub fn run_network(&self) -> Promise {
+        let a = self.alloc;
+        future_to_promise(async move {
+            let worst = network::run(a, &[256, 512, 256, 128, 10]).await.map_err(js)?;
+            Ok(JsValue::from(worst))
+        })
     }
 
     /// Measures upload and download of `size` bytes through devalloc and the peers a careful

@@ -1,0 +1,51 @@
+//! Planned buffers on a pool: the seed's `init_buffer` / `get_offset_address`.
+#![deny(unsafe_code)]
+
+use super::{lock, Pool};
+use crate::allocator::DEFAULT_ALIGNMENT;
+use crate::checks::len64;
+use crate::error::Result;
+use crate::planned::PlanTable;
+use crate::ptr::DevicePtr;
+use crate::snapshot::EventKind;
+use crate::storage::Storage;
+
+impl<S: Storage> Pool<S> {
+    /// Allocates planned buffer `memory_id` (see [`crate::PlannedMemory`] for the protocol).
+    pub fn init_buffer(&self, memory_id: u32, nbytes: usize) -> Result<DevicePtr> {
+        if lock(&self.state).plans.contains(memory_id) {
+            return Err(PlanTable::already_initialised(self.device, memory_id));
+        }
+        let label = format!("planned buffer {memory_id}");
+        let base = self.allocate_with(nbytes, DEFAULT_ALIGNMENT, Some(&label), S::Params::default())?;
+        let inserted = lock(&self.state).plans.insert(self.device, memory_id, base, len64(nbytes));
+        if let Err(e) = inserted {
+            // Another thread initialised the same id meanwhile.
+            self.deallocate(base)?;
+            return Err(e);
+        }
+        self.note(|| EventKind::PlannedBuffer { memory_id, addr: base.addr(), size: len64(nbytes) });
+        Ok(base)
+    }
+
+    /// `buffer(memory_id) + offset`, bounds-checked for `nbytes`.
+    pub fn get_offset_address(&self, memory_id: u32, offset: usize, nbytes: usize) -> Result<DevicePtr> {
+        lock(&self.state).plans.offset_address(self.device, memory_id, offset, nbytes)
+    }
+
+    /// Frees every planned buffer, all of them even when one fails; reports the first failure.
+    pub fn release_buffers(&self) -> Result<()> {
+        let buffers = lock(&self.state).plans.take_all();
+        let count = buffers.len() as u64;
+        self.note(|| EventKind::ReleaseBuffers { count });
+        let mut first = Ok(());
+        for (_, base) in buffers {
+            if let Err(e) = self.deallocate(base) {
+                if first.is_ok() {
+                    first = Err(e);
+                }
+            }
+        }
+        first
+    }
+}

@@ -1,0 +1,114 @@
+//! What a pool holds, in words: live allocations, the report, the out-of-memory message.
+#![deny(unsafe_code)]
+
+use std::fmt::Write as _;
+
+use super::{lock, AllocationInfo, Live, Pool, State};
+use crate::error::Error;
+use crate::ptr::DevicePtr;
+use crate::snapshot::{CachedBlocks, DeviceSnapshot, LiveAllocation, PlannedBuffer};
+use crate::storage::Storage;
+
+impl<S: Storage> Pool<S> {
+    /// An out-of-memory error that says what the pool holds and its largest live allocations.
+    pub(super) fn out_of_memory(&self, state: &State<S>, requested: u64, what: String) -> Error {
+        let s = &state.stats;
+        let mut largest: Vec<(&u64, &Live<S>)> = state.live.iter().collect();
+        largest.sort_by_key(|(_, l)| std::cmp::Reverse(l.size));
+        let mut detail = format!(
+            "{what}; {} bytes allocated in {} allocation(s), {} reserved, {} cached",
+            s.allocated_bytes, s.live_allocations, s.reserved_bytes, s.cached_bytes
+        );
+        if !largest.is_empty() {
+            detail.push_str("; largest live:");
+            for (base, l) in largest.iter().take(3) {
+                let name = l.label.as_deref().unwrap_or("unlabelled");
+                let _ = write!(detail, " {name} ({} bytes at {base:#x})", l.size);
+            }
+        }
+        Error::OutOfMemory { requested, device: self.device, detail }
+    }
+
+    /// Every live allocation, in address order.
+    pub fn live_allocations(&self) -> Vec<AllocationInfo> {
+        lock(&self.state)
+            .live
+            .iter()
+            .map(|(&b, l)| AllocationInfo {
+                ptr: DevicePtr::new(b),
+                size: l.size,
+                capacity: l.key.capacity,
+                label: l.label.as_deref().map(Into::into),
+            })
+            .collect()
+    }
+
+    /// A readable summary: stats, then each live allocation.
+    pub fn report(&self) -> String {
+        let s = self.stats();
+        let mut out = format!(
+            "{}: {} live allocation(s), {} bytes allocated (peak {}), {} reserved (peak {}), {} cached; {} hits / {} misses; {} staging\n",
+            self.device,
+            s.live_allocations,
+            s.allocated_bytes,
+            s.peak_allocated_bytes,
+            s.reserved_bytes,
+            s.peak_reserved_bytes,
+            s.cached_bytes,
+            s.cache_hits,
+            s.cache_misses,
+            s.staging_bytes
+        );
+        for a in self.live_allocations() {
+            let _ = writeln!(
+                out,
+                "  {} {} bytes ({})",
+                a.ptr,
+                a.size,
+                a.label.as_deref().unwrap_or("unlabelled")
+            );
+        }
+        out
+    }
+
+    /// This device's part of a [`crate::Snapshot`].
+    pub fn snapshot(&self) -> DeviceSnapshot {
+        let (live, cached, planned) = {
+            let state = lock(&self.state);
+            let live = state
+                .live
+                .iter()
+                .map(|(&addr, l)| LiveAllocation {
+                    addr,
+                    size: l.size,
+                    capacity: l.key.capacity,
+                    label: l.label.as_deref().map(Into::into),
+                })
+                .collect();
+            let cached = state
+                .cache
+                .counts()
+                .into_iter()
+                .map(|(capacity, count)| CachedBlocks { capacity, count })
+                .collect();
+            let planned = state
+                .plans
+                .list()
+                .into_iter()
+                .map(|(memory_id, base, size)| PlannedBuffer { memory_id, addr: base.addr(), size })
+                .collect();
+            (live, cached, planned)
+        };
+        DeviceSnapshot {
+            device: self.device.to_string(),
+            name: self.storage.name(),
+            stats: self.stats(),
+            memory_limit: self.memory_limit(),
+            device_memory: self.storage.device_memory(),
+            live,
+            cached,
+            planned,
+            history: self.history_snapshot(),
+        }
+    }
+}
