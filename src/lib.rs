@@ -86,9 +86,12 @@
 //!   callback is the exception: wgpu keeps one per device and cannot hand back one already
 //!   set, and devalloc needs it to notice a loss. Give yours as `WgpuOptions::on_device_lost`
 //!   (devalloc calls it once, after recording the loss) and do not set the device's lost
-//!   callback yourself after adoption. Every devalloc call polls the device without blocking
-//!   first, so after `device.destroy()` every call of every allocator on it is
-//!   [`Error::DeviceLost`].
+//!   callback yourself after adoption. devalloc polls the device without blocking at the
+//!   start of every call that touches it (or waits on a poll anyway), so after
+//!   `device.destroy()` every such call of every allocator on it is [`Error::DeviceLost`]:
+//!   allocations, copies, range checks, buffers and bindings, `synchronize`. Bookkeeping keeps
+//!   working so that the app can clean up: `deallocate`, `release_buffers`, `empty_cache`,
+//!   `stats`, `get_offset_address`.
 //! - **Binding.** `WgpuAllocator::buffer(ptr, index)` (to the end of the allocation) or
 //!   `buffer_range(ptr, len, index)` gives a `BufferRange`; its `binding(BindingKind::Storage)`
 //!   or `binding(BindingKind::Uniform)` returns a `wgpu::BufferBinding` or an error that names

@@ -29,6 +29,8 @@ use crate::ptr::DevicePtr;
 #[derive(Debug, Default)]
 pub(crate) struct PlanTable {
     buffers: BTreeMap<u32, (DevicePtr, u64)>,
+    /// Ids whose buffer is being allocated right now (by `init_buffer` on some thread).
+    pending: std::collections::BTreeSet<u32>,
 }
 
 impl PlanTable {
@@ -53,9 +55,23 @@ impl PlanTable {
         ))
     }
 
-    /// Whether `memory_id` has a planned buffer.
+    /// Whether `memory_id` has a planned buffer, or one is being made.
     pub fn contains(&self, memory_id: u32) -> bool {
-        self.buffers.contains_key(&memory_id)
+        self.buffers.contains_key(&memory_id) || self.pending.contains(&memory_id)
+    }
+
+    /// Claims `memory_id` while its buffer is allocated; an error if it is taken.
+    pub fn claim(&mut self, device: Device, memory_id: u32) -> Result<()> {
+        if self.contains(memory_id) {
+            return Err(Self::already_initialised(device, memory_id));
+        }
+        self.pending.insert(memory_id);
+        Ok(())
+    }
+
+    /// Gives up a claim (the allocation failed, or the buffer was inserted).
+    pub fn unclaim(&mut self, memory_id: u32) {
+        self.pending.remove(&memory_id);
     }
 
     /// `buffer(memory_id) + offset`, checked so that `nbytes` bytes from there fit in it.
@@ -179,10 +195,19 @@ pub struct PlannedMemory<'a> {
 impl<'a> PlannedMemory<'a> {
     /// Allocates one planned buffer per entry of `sizes` (memory id = position) on device
     /// `index`. A size of 0 makes an empty one (null base) that serves only 0-byte addresses.
-    /// On failure the buffers already made are freed.
+    /// Sizes and the index are checked before anything is allocated; if the device fails
+    /// half-way (out of memory), the buffers already made are freed (the allocator's counters
+    /// then show those allocations and frees).
     pub fn new(allocator: &'a dyn DeviceAllocator, index: DeviceIndex, sizes: &[usize]) -> Result<Self> {
         let mut plan = PlannedMemory { allocator, index, table: PlanTable::new() };
         let device = plan.device();
+        // What can be refused without asking the device is refused before anything is
+        // allocated; a failure of the device half-way frees what was made.
+        crate::checks::check_index(device.device_type, index, allocator.device_count())?;
+        u32::try_from(sizes.len()).map_err(|_| Error::invalid_argument("more than 2^32 memory ids"))?;
+        for &size in sizes.iter().filter(|&&s| s > 0) {
+            crate::checks::check_request(size, DEFAULT_ALIGNMENT, device)?;
+        }
         for (id, &size) in sizes.iter().enumerate() {
             let id = u32::try_from(id).map_err(|_| Error::invalid_argument("more than 2^32 memory ids"))?;
             let base = if size == 0 {

@@ -198,6 +198,7 @@ impl<S: Storage + 'static> DeviceAllocator for PooledAllocator<S> {
         if nbytes == 0 {
             return Ok(());
         }
+        pool.storage().check_usable()?;
         pool.block_at(ptr, len64(nbytes)).map(drop).map_err(|e| self.foreign(index, ptr, e))
     }
 

@@ -288,3 +288,133 @@ fn invalid_pool_settings_are_refused() {
         assert!(HostAllocator::with_config(c).is_err(), "window {window}");
     }
 }
+
+/// Host memory whose allocations take a while (so that threads overlap inside them) and come
+/// in 4-byte granules (as wgpu's).
+struct Slow(HostStorage);
+
+impl Storage for Slow {
+    type Block = <HostStorage as Storage>::Block;
+    type Params = ();
+    fn device(&self) -> Device {
+        Device::new(DeviceType::Gl, 0)
+    }
+    fn granularity(&self) -> u64 {
+        4
+    }
+    fn max_block_size(&self) -> u64 {
+        1 << 30
+    }
+    fn alloc(&self, capacity: u64, alignment: u64, p: &(), l: Option<&str>) -> Result<Self::Block> {
+        std::thread::sleep(std::time::Duration::from_millis(if cfg!(miri) { 1 } else { 20 }));
+        self.0.alloc(capacity, alignment.min(4096), p, l)
+    }
+    fn write(&self, b: &Self::Block, o: u64, src: &[u8]) -> Result<()> {
+        self.0.write(b, o, src)
+    }
+    fn read(&self, b: &Self::Block, o: u64, dst: &mut [u8]) -> Result<()> {
+        self.0.read(b, o, dst)
+    }
+    fn copy(&self, s: &Self::Block, so: u64, d: &Self::Block, d_o: u64, len: u64) -> Result<()> {
+        self.0.copy(s, so, d, d_o, len)
+    }
+}
+
+fn slow(config: PoolConfig) -> PooledAllocator<Slow> {
+    PooledAllocator::from_pools(DeviceType::Gl, vec![Pool::new(Slow(HostStorage), config).unwrap()]).unwrap()
+}
+
+#[test]
+fn concurrent_inits_of_one_memory_id_allocate_once() {
+    let a = slow(PoolConfig { caching: true, ..PoolConfig::default() });
+    let barrier = std::sync::Barrier::new(6);
+    let results: Vec<Result<DevicePtr>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..6)
+            .map(|_| {
+                s.spawn(|| {
+                    barrier.wait();
+                    a.init_buffer(7, 1 << 16, 0)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 1, "{results:?}");
+    for r in results.iter().filter(|r| r.is_err()) {
+        assert!(r.as_ref().unwrap_err().to_string().contains("already initialised"), "{r:?}");
+    }
+    let s = a.stats(0).unwrap();
+    assert_eq!((s.allocations, s.deallocations, s.cache_misses, s.live_allocations), (1, 0, 1, 1), "{s:?}");
+    a.release_buffers(0).unwrap();
+}
+
+#[test]
+fn a_refused_plan_allocates_nothing() {
+    let h = HostAllocator::new();
+    let before = h.stats(0).unwrap();
+    assert!(devalloc::PlannedMemory::new(&h, 0, &[4096, 0, usize::MAX]).is_err());
+    assert!(matches!(devalloc::PlannedMemory::new(&h, 3, &[4096]), Err(Error::NoSuchDevice { .. })));
+    assert_eq!(h.stats(0).unwrap(), before);
+}
+
+#[test]
+fn an_alignment_that_leaves_no_room_in_a_small_window_is_invalid_not_out_of_memory() {
+    let a = HostAllocator::with_config(PoolConfig {
+        caching: true,
+        address_window: 1 << 17,
+        ..PoolConfig::default()
+    })
+    .unwrap();
+    let p = a.allocate(4096, 0, 256).unwrap();
+    a.deallocate(p, 0).unwrap();
+    let before = a.stats(0).unwrap();
+    for (size, align) in [(65536usize, 65536usize), (100_000, 65536)] {
+        let e = a.allocate(size, 0, align).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument { .. }), "{size} aligned {align}: {e}");
+    }
+    assert_eq!(a.stats(0).unwrap(), before);
+    let e = a.deallocate(p, 0).unwrap_err();
+    assert!(
+        matches!(e, Error::InvalidPointer { problem: PointerProblem::Freed, .. }),
+        "a refused request lifted the quarantine: {e}"
+    );
+}
+
+#[test]
+fn stale_pointers_of_recent_frees_stay_freed_in_a_small_window() {
+    let a =
+        HostAllocator::with_config(PoolConfig { address_window: 1 << 17, ..PoolConfig::default() }).unwrap();
+    let mut recent: Vec<DevicePtr> = Vec::new();
+    let cycles = if cfg!(miri) { 100 } else { 3000 };
+    for _ in 0..cycles {
+        let p = a.allocate(4096, 0, 256).unwrap();
+        a.deallocate(p, 0).unwrap();
+        recent.push(p);
+        for q in recent.iter().rev().take(8).filter(|&&q| q != p) {
+            let e = a.copy_host_to_device(*q, &[1], 0).unwrap_err();
+            assert!(matches!(e, Error::InvalidPointer { problem: PointerProblem::Freed, .. }), "{q}: {e}");
+        }
+    }
+}
+
+#[test]
+fn two_allocators_of_one_device_refuse_each_others_pointers() {
+    let (a, b) = (HostAllocator::new(), HostAllocator::new());
+    let pa = a.allocate(256, 0, 256).unwrap();
+    let pb = b.allocate(256, 0, 256).unwrap();
+    assert_ne!(pa, pb);
+    assert!(matches!(b.copy_host_to_device(pa, &[9; 256], 0), Err(Error::InvalidPointer { .. })));
+    assert!(matches!(b.check_range(pa, 8, 0), Err(Error::InvalidPointer { .. })));
+    assert!(matches!(b.deallocate(pa, 0), Err(Error::InvalidPointer { .. })));
+    a.deallocate(pa, 0).unwrap();
+    b.deallocate(pb, 0).unwrap();
+}
+
+#[test]
+fn a_limit_between_granules_allows_the_granules_below_it_and_says_so() {
+    let a = slow(PoolConfig { memory_limit: Some(1001), ..PoolConfig::default() });
+    let e = a.allocate(1001, 0, 256).unwrap_err();
+    assert!(matches!(e, Error::TooLarge { requested: 1001, max: 1000, .. }), "{e}");
+    let p = a.allocate(1000, 0, 256).expect("1000 bytes are 250 granules, within the limit");
+    a.deallocate(p, 0).unwrap();
+}

@@ -268,7 +268,7 @@ fn the_label_reaches_wgpus_own_messages_and_the_cache_keeps_labels_apart() {
 }
 
 /// Polls `fut` once with a waker that does nothing.
-fn poll_once<F: Future>(fut: std::pin::Pin<&mut F>) -> Poll<F::Output> {
+fn poll_once<F: Future + ?Sized>(fut: std::pin::Pin<&mut F>) -> Poll<F::Output> {
     fut.poll(&mut Context::from_waker(Waker::noop()))
 }
 
@@ -357,6 +357,153 @@ fn the_small_frictions_are_smooth() {
         assert!(a.copy_to_buffer(buf.ptr(), &no_dst, 0, 8, 0).unwrap_err().to_string().contains("COPY_DST"));
         drop(buf);
         drop(other);
+        assert_eq!(a.stats(0).unwrap().live_allocations, 0);
+    }
+}
+
+/// A device opened with MAPPABLE_PRIMARY_BUFFERS where the adapter offers it (the direct route
+/// on lavapipe), else a plain one.
+fn app_device_mappable(backend: wgpu::Backend) -> Option<(wgpu::Device, wgpu::Queue)> {
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+    desc.backends = backend.into();
+    let instance = wgpu::Instance::new(desc);
+    let adapter = match pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions::default()))
+    {
+        Ok(a) => a,
+        Err(e) if conformance::in_ci() => panic!("no {backend:?} adapter under CI: {e}"),
+        Err(_) => return None,
+    };
+    let features = adapter.features() & wgpu::Features::MAPPABLE_PRIMARY_BUFFERS;
+    let desc = wgpu::DeviceDescriptor {
+        required_features: features,
+        required_limits: adapter.limits(),
+        ..Default::default()
+    };
+    Some(pollster::block_on(adapter.request_device(&desc)).expect("device"))
+}
+
+#[test]
+fn a_dropped_async_copy_leaves_the_buffer_usable_on_every_route() {
+    for backend in BACKENDS {
+        for route in [None, Some(Route::Staged)] {
+            let Some((device, queue)) = app_device_mappable(backend) else { continue };
+            let a = WgpuAllocator::from_device_with(
+                device,
+                queue,
+                WgpuOptions { route, ..WgpuOptions::default() },
+            )
+            .unwrap();
+            let what = format!("{backend:?} {:?}", a.route(0).unwrap());
+            let p = a.allocate(4096, 0, DEFAULT_ALIGNMENT).unwrap();
+            let q = a.allocate(4096, 0, DEFAULT_ALIGNMENT).unwrap();
+            a.copy_host_to_device(p, &[5u8; 4096], 0).unwrap();
+            let mut buf = vec![0u8; 4096];
+            {
+                let mut f = a.copy_device_to_host_async(&mut buf, p, 0);
+                let _ = poll_once(f.as_mut());
+            }
+            {
+                let data = [6u8; 4096];
+                let mut f = a.copy_host_to_device_async(q, &data, 0);
+                let _ = poll_once(f.as_mut());
+            }
+            {
+                let mut f =
+                    a.copy_device_to_device_async(q.offset(1).unwrap(), 0, p.offset(3).unwrap(), 0, 100);
+                let _ = poll_once(f.as_mut());
+            }
+            a.synchronize(0).unwrap();
+            a.copy_host_to_device(p, &[7u8; 4096], 0).unwrap_or_else(|e| panic!("{what}: {e}"));
+            a.copy_device_to_host(&mut buf, p, 0).unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(buf, vec![7u8; 4096], "{what}");
+            a.copy_device_to_device(q, 0, p, 0, 4096).unwrap_or_else(|e| panic!("{what}: {e}"));
+            a.deallocate(p, 0).unwrap();
+            let r = a.allocate(4096, 0, DEFAULT_ALIGNMENT).unwrap(); // the cached buffer
+            a.copy_host_to_device(r, &[8u8; 4096], 0)
+                .unwrap_or_else(|e| panic!("{what}: the next allocation inherited it: {e}"));
+        }
+    }
+}
+
+#[test]
+fn destroying_the_device_under_an_async_read_is_device_lost_not_a_panic() {
+    for backend in BACKENDS {
+        let Some((device, queue)) = app_device_mappable(backend) else { continue };
+        let errors = Arc::new(Mutex::new(Vec::<String>::new()));
+        let sink = Arc::clone(&errors);
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| sink.lock().unwrap().push(e.to_string())));
+        let a = WgpuAllocator::from_device(device.clone(), queue).unwrap();
+        let p = a.allocate(4096, 0, DEFAULT_ALIGNMENT).unwrap();
+        let mut buf = vec![0u8; 4096];
+        let r = {
+            let mut f = a.copy_device_to_host_async(&mut buf, p, 0);
+            let _ = poll_once(f.as_mut());
+            device.destroy();
+            pollster::block_on(f)
+        };
+        assert!(matches!(r, Err(Error::DeviceLost { .. })), "{backend:?}: {r:?}");
+        let _ = device.poll(wgpu::PollType::Poll);
+        assert!(
+            errors.lock().unwrap().is_empty(),
+            "{backend:?}: devalloc's errors reached the app: {:?}",
+            errors.lock().unwrap()
+        );
+    }
+}
+
+#[test]
+fn mapping_a_destroyed_or_foreign_buffer_is_an_error_not_a_panic_or_a_hang() {
+    for backend in BACKENDS {
+        let Some((device, queue)) = app_device(backend) else { continue };
+        let Some((other, _other_queue)) = app_device(backend) else { continue };
+        let errors = Arc::new(Mutex::new(Vec::<String>::new()));
+        let sink = Arc::clone(&errors);
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| sink.lock().unwrap().push(e.to_string())));
+        let a = WgpuAllocator::from_device(device.clone(), queue).unwrap();
+        let desc = wgpu::BufferDescriptor {
+            label: Some("x"),
+            size: 256,
+            usage: wgpu::BufferUsages::MAP_READ,
+            mapped_at_creation: false,
+        };
+        let x = device.create_buffer(&desc);
+        x.destroy();
+        let r = pollster::block_on(a.map_buffer_async(0, &x, wgpu::MapMode::Read, 0..8));
+        assert!(r.is_err(), "{backend:?}: mapping a destroyed buffer: {r:?}");
+        let foreign = other.create_buffer(&desc);
+        let r = pollster::block_on(a.map_buffer_async(0, &foreign, wgpu::MapMode::Read, 0..8));
+        let e = r.unwrap_err();
+        assert!(e.to_string().contains("another device"), "{backend:?}: {e}");
+        assert!(errors.lock().unwrap().is_empty(), "{backend:?}: {:?}", errors.lock().unwrap());
+        // The allocator is still fine.
+        let p = a.allocate(64, 0, DEFAULT_ALIGNMENT).unwrap();
+        a.copy_host_to_device(p, &[1u8; 64], 0).unwrap();
+        a.deallocate(p, 0).unwrap();
+    }
+}
+
+#[test]
+fn after_destroy_range_checks_buffers_and_bindings_are_device_lost_and_bookkeeping_works() {
+    for backend in BACKENDS {
+        let Some((device, queue)) = app_device(backend) else { continue };
+        let a = WgpuAllocator::from_device(device.clone(), queue).unwrap();
+        let p = a.allocate(1024, 0, DEFAULT_ALIGNMENT).unwrap();
+        let range = a.buffer(p, 0).unwrap();
+        a.init_buffer(1, 512, 0).unwrap();
+        device.destroy();
+        let lost = |what: &str, r: devalloc::Result<()>| {
+            assert!(matches!(r, Err(Error::DeviceLost { .. })), "{backend:?} {what}: {r:?}")
+        };
+        lost("check_range", a.check_range(p, 8, 0));
+        lost("buffer", a.buffer(p, 0).map(drop));
+        lost("buffer_range", a.buffer_range(p, 8, 0).map(drop));
+        lost("binding", range.binding(BindingKind::Storage).map(drop));
+        // Bookkeeping keeps working, so that the app can clean up.
+        a.get_offset_address(1, 0, 8, 0).unwrap();
+        a.stats(0).unwrap();
+        a.release_buffers(0).unwrap();
+        a.deallocate(p, 0).unwrap();
+        a.empty_cache();
         assert_eq!(a.stats(0).unwrap().live_allocations, 0);
     }
 }

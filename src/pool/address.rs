@@ -9,8 +9,15 @@
 //! addresses no one had before, until the cursor wraps around. A freed range is then kept out
 //! of use (*quarantined*) for `quarantine_frees` later frees (2^32 by default): a stale pointer
 //! into it is reported as freed, and can never reach a newer allocation. Only when the window
-//! has no other room is quarantine lifted, least recently freed range first. Neighbouring
-//! freed ranges merge, so the quarantine holds at most about one entry per live allocation.
+//! has no other room is quarantine lifted: from the region whose latest free is the oldest,
+//! and only as many bytes as the request needs, from its low end (where, with a forward
+//! cursor, the earliest allocations lay). A request that could not fit even with every
+//! quarantine lifted fails without lifting any. Neighbouring freed ranges merge, so the
+//! quarantine holds at most about one entry per live allocation.
+//!
+//! Each window starts its cursor in a lane of its own (2^44 bytes apart, by the order pools
+//! are made), so two allocators on one device (two pools of `vulkan:0`, say) hand out
+//! different addresses, and one's pointer is refused by the other as unknown.
 //!
 //! So: no range is handed out again within 2^32 frees, unless more than the whole window
 //! (8 PiB, less what is live) has been freed meanwhile; with allocations of 2 MiB or less that
@@ -31,6 +38,10 @@ pub(crate) const MAX_DEVICES: u32 = 256;
 const GUARD: u64 = 256;
 /// Offsets below this are never handed out.
 const FIRST: u64 = 0x1000;
+/// Distance between the cursors of two windows of one device.
+const LANE: u64 = 1 << 44;
+/// Windows made so far (each takes the next lane).
+static WINDOWS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// A range handed out: the address and the span it holds (padding and guard included).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,11 +80,12 @@ impl AddressWindow {
         debug_assert!(size.is_power_of_two() && (2 * FIRST..=1 << MAX_WINDOW_BITS).contains(&size));
         debug_assert!(device.index < MAX_DEVICES);
         let base = ((device.device_type as u64 + 1) << 61) | (u64::from(device.index) << MAX_WINDOW_BITS);
+        let lane = WINDOWS.fetch_add(1, std::sync::atomic::Ordering::Relaxed).wrapping_mul(LANE) % (size / 2);
         AddressWindow {
             start: base + FIRST,
             // The last bytes stay unused too, so that the top window's end fits in 64 bits.
             end: base + (size - FIRST),
-            cursor: base + FIRST,
+            cursor: base + FIRST + lane,
             live: BTreeMap::new(),
             quarantine: BTreeMap::new(),
             frees: 0,
@@ -90,24 +102,37 @@ impl AddressWindow {
     pub fn reserve(&mut self, size: u64, alignment: u64) -> Result<Span, Refused> {
         let max = self.end - self.start - 2 * GUARD;
         let need = round_up(size, GUARD).and_then(|n| n.checked_add(GUARD));
+        // The request must fit an empty window, at its first aligned address.
+        let first_end = round_up(self.start, alignment).and_then(|b| b.checked_add(need?));
         let need = match need {
-            Some(n) if n <= self.end - self.start && alignment <= self.max_alignment() => n,
+            Some(n) if alignment <= self.max_alignment() && first_end.is_some_and(|e| e <= self.end) => n,
             _ => return Err(Refused::NeverFits { max }),
         };
-        loop {
-            if let Some(span) = self.next_fit(need, alignment) {
-                self.cursor = span.hi;
-                self.live.insert(span.lo, span.hi);
-                return Ok(span);
-            }
-            if !self.lift_oldest_quarantine() {
-                return Err(Refused::Full);
+        if let Some(span) = self.next_fit(need, alignment, true) {
+            return Ok(self.take(span));
+        }
+        // No room outside quarantine. Would there be any with all of it lifted? If not, fail
+        // without lifting any: a refused request changes nothing.
+        if self.next_fit(need, alignment, false).is_none() {
+            return Err(Refused::Full);
+        }
+        while self.lift_oldest_quarantine(need + alignment) {
+            if let Some(span) = self.next_fit(need, alignment, true) {
+                return Ok(self.take(span));
             }
         }
+        Err(Refused::Full)
     }
 
-    /// Next fit from the cursor, wrapping around once.
-    fn next_fit(&mut self, need: u64, alignment: u64) -> Option<Span> {
+    fn take(&mut self, span: Span) -> Span {
+        self.cursor = span.hi;
+        self.live.insert(span.lo, span.hi);
+        span
+    }
+
+    /// Next fit from the cursor, wrapping around once; past quarantined spans too unless
+    /// `respect_quarantine` is false.
+    fn next_fit(&mut self, need: u64, alignment: u64, respect_quarantine: bool) -> Option<Span> {
         let mut lo = self.cursor;
         let mut wrapped = false;
         loop {
@@ -121,20 +146,23 @@ impl AddressWindow {
                     continue;
                 }
             };
-            match self.conflict(lo, hi) {
+            match self.conflict(lo, hi, respect_quarantine) {
                 Some(past) => lo = past,
                 None => return Some(Span { base, lo, hi }),
             }
         }
     }
 
-    /// The end of a live or quarantined span that overlaps `lo..hi`, if any; expired
-    /// quarantine entries met on the way are dropped.
-    fn conflict(&mut self, lo: u64, hi: u64) -> Option<u64> {
+    /// The end of a live (or, if `quarantine`, quarantined) span that overlaps `lo..hi`, if
+    /// any; expired quarantine entries met on the way are dropped.
+    fn conflict(&mut self, lo: u64, hi: u64, quarantine: bool) -> Option<u64> {
         if let Some((_, &l_hi)) = self.live.range(..hi).next_back() {
             if l_hi > lo {
                 return Some(l_hi);
             }
+        }
+        if !quarantine {
+            return None;
         }
         while let Some((&q_lo, &(q_hi, seq))) = self.quarantine.range(..hi).next_back() {
             if q_hi <= lo {
@@ -148,10 +176,17 @@ impl AddressWindow {
         None
     }
 
-    /// Lifts the quarantine of the least recently freed span; false when there is none.
-    fn lift_oldest_quarantine(&mut self) -> bool {
-        let oldest = self.quarantine.iter().min_by_key(|(_, &(_, seq))| seq).map(|(&lo, _)| lo);
-        oldest.and_then(|lo| self.quarantine.remove(&lo)).is_some()
+    /// Lifts the quarantine of up to `bytes` at the low end of the region whose latest free
+    /// is the oldest; false when nothing is quarantined.
+    fn lift_oldest_quarantine(&mut self, bytes: u64) -> bool {
+        let oldest = self.quarantine.iter().min_by_key(|(_, &(_, seq))| seq).map(|(&lo, &v)| (lo, v));
+        let Some((lo, (hi, seq))) = oldest else { return false };
+        self.quarantine.remove(&lo);
+        let cut = lo.saturating_add(bytes);
+        if cut < hi {
+            self.quarantine.insert(cut, (hi, seq));
+        }
+        true
     }
 
     /// Gives back a span that was never handed out (its allocation failed): no quarantine.
@@ -198,7 +233,9 @@ mod tests {
     use crate::device::DeviceType;
 
     fn small(quarantine: u64) -> AddressWindow {
-        AddressWindow::new(Device::new(DeviceType::Cpu, 0), 1 << 20, quarantine)
+        let mut w = AddressWindow::new(Device::new(DeviceType::Cpu, 0), 1 << 20, quarantine);
+        w.cursor = w.start; // the lane of a window made by a test is wherever the count stands
+        w
     }
 
     #[test]
@@ -289,6 +326,50 @@ mod tests {
         }
         assert_eq!(n, ((1 << 20) - 2 * FIRST) / (60_000u64.next_multiple_of(256) + 256));
         assert_eq!(w.reserve(60_000, 256), Err(Refused::Full));
+    }
+
+    #[test]
+    fn a_request_that_cannot_fit_aligned_never_fits_and_lifts_nothing() {
+        let mut w = AddressWindow::new(Device::new(DeviceType::Cpu, 0), 1 << 17, 1 << 32);
+        let a = w.reserve(4096, 256).unwrap();
+        w.release(a);
+        // 64 KiB aligned to 64 KiB: the first such address leaves no room in a 128 KiB window.
+        assert!(matches!(w.reserve(65536, 65536), Err(Refused::NeverFits { .. })));
+        assert!(w.was_freed(a.base), "a refused request lifted the quarantine");
+    }
+
+    #[test]
+    fn a_full_window_of_live_spans_lifts_no_quarantine() {
+        let mut w = small(1 << 32);
+        let a = w.reserve(4096, 256).unwrap();
+        w.release(a);
+        while w.reserve(60_000, 256).is_ok() {}
+        assert!(w.was_freed(a.base) || w.live.contains_key(&a.lo), "a refused request lifted the quarantine");
+    }
+
+    #[test]
+    fn recent_frees_stay_freed_when_the_window_wraps() {
+        // Alloc/free one size over and over: frees merge into one region; when the cursor
+        // wraps, only what the next request needs is lifted, from the oldest end.
+        let mut w = small(1 << 32);
+        let mut recent = Vec::new();
+        for _ in 0..1000 {
+            let s = w.reserve(4096, 256).unwrap();
+            w.release(s);
+            recent.push(s.base);
+            for &b in recent.iter().rev().take(8) {
+                assert!(w.was_freed(b) || b == s.base, "{b:#x}, one of the last 8 frees, is no longer freed");
+            }
+        }
+    }
+
+    #[test]
+    fn two_windows_of_one_device_hand_out_different_addresses() {
+        let d = Device::new(DeviceType::Vulkan, 0);
+        let mut a = AddressWindow::new(d, 1 << MAX_WINDOW_BITS, 1 << 32);
+        let mut b = AddressWindow::new(d, 1 << MAX_WINDOW_BITS, 1 << 32);
+        let (x, y) = (a.reserve(4096, 256).unwrap(), b.reserve(4096, 256).unwrap());
+        assert!(x.hi <= y.lo || y.hi <= x.lo, "{:#x} and {:#x} overlap", x.base, y.base);
     }
 
     #[test]

@@ -94,10 +94,13 @@ impl<S: Storage> Pool<S> {
                 "alignment {alignment} cannot be honoured on {device}: the most is {max_alignment}"
             )));
         }
+        // The largest block, in whole granules (a limit of 1001 bytes on wgpu holds 1000).
+        let granule = self.storage.granularity();
         let max = match config.memory_limit {
             Some(limit) => limit.min(self.storage.max_block_size()),
             None => self.storage.max_block_size(),
-        };
+        } / granule
+            * granule;
         let granular = |c: u64| round_up(c, self.storage.granularity());
         let exact =
             granular(size).filter(|&c| c <= max).ok_or(Error::TooLarge { requested: size, max, device })?;
@@ -118,8 +121,14 @@ impl<S: Storage> Pool<S> {
         let span = match state.window.as_mut().map(|w| w.reserve(plan.size, plan.alignment)) {
             None => None,
             Some(Ok(span)) => Some(span),
-            Some(Err(Refused::NeverFits { max })) => {
+            Some(Err(Refused::NeverFits { max })) if plan.size > max => {
                 return Err(Error::TooLarge { requested: plan.size, max, device: self.device })
+            }
+            Some(Err(Refused::NeverFits { .. })) => {
+                return Err(Error::invalid_argument(format!(
+                    "alignment {} leaves no room for {} bytes in {}'s window of {} addresses",
+                    plan.alignment, plan.size, self.device, config.address_window
+                )))
             }
             Some(Err(Refused::Full)) => {
                 return Err(self.out_of_memory(&state, plan.size, "devalloc's address window is full".into()))

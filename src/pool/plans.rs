@@ -5,7 +5,6 @@ use super::{lock, Pool};
 use crate::allocator::DEFAULT_ALIGNMENT;
 use crate::checks::len64;
 use crate::error::Result;
-use crate::planned::PlanTable;
 use crate::ptr::DevicePtr;
 use crate::snapshot::EventKind;
 use crate::storage::Storage;
@@ -13,17 +12,16 @@ use crate::storage::Storage;
 impl<S: Storage> Pool<S> {
     /// Allocates planned buffer `memory_id` (see [`crate::PlannedMemory`] for the protocol).
     pub fn init_buffer(&self, memory_id: u32, nbytes: usize) -> Result<DevicePtr> {
-        if lock(&self.state).plans.contains(memory_id) {
-            return Err(PlanTable::already_initialised(self.device, memory_id));
-        }
+        // Claim the id first, so that a second init of it (another thread's, at the same
+        // time) fails before it allocates anything.
+        lock(&self.state).plans.claim(self.device, memory_id)?;
         let label = format!("planned buffer {memory_id}");
-        let base = self.allocate_with(nbytes, DEFAULT_ALIGNMENT, Some(&label), S::Params::default())?;
-        let inserted = lock(&self.state).plans.insert(self.device, memory_id, base, len64(nbytes));
-        if let Err(e) = inserted {
-            // Another thread initialised the same id meanwhile.
-            self.deallocate(base)?;
-            return Err(e);
-        }
+        let made = self.allocate_with(nbytes, DEFAULT_ALIGNMENT, Some(&label), S::Params::default());
+        let mut state = lock(&self.state);
+        state.plans.unclaim(memory_id);
+        let base = made?;
+        state.plans.insert(self.device, memory_id, base, len64(nbytes))?;
+        drop(state);
         self.note(|| EventKind::PlannedBuffer { memory_id, addr: base.addr(), size: len64(nbytes) });
         Ok(base)
     }

@@ -167,8 +167,9 @@ impl Belt {
         if self.over_budget() {
             return;
         }
-        let mapped = s.map(&staging.buffer, wgpu::MapMode::Write, 0..staging.buffer.size());
-        lock(&self.kept).uploads.push_back(Remapping { staging, mapped, index });
+        if let Ok(mapped) = s.map(&staging.buffer, wgpu::MapMode::Write, 0..staging.buffer.size()) {
+            lock(&self.kept).uploads.push_back(Remapping { staging, mapped, index });
+        }
     }
 
     /// The size of the download buffer for `n` bytes: the power of two at or above it, within
@@ -264,7 +265,7 @@ impl WgpuStorage {
                     filled += piece.len();
                 }
             }
-            staging.buffer.unmap();
+            self.unmap(&staging.buffer);
             let index = self.submit("devalloc upload", |enc| {
                 enc.copy_buffer_to_buffer(&staging.buffer, 0, dst, at + done, n)
             })?;
@@ -329,7 +330,7 @@ impl WgpuStorage {
                 let index = self.submit("devalloc download", |enc| {
                     enc.copy_buffer_to_buffer(&block.buffer, a0 + pos, &staging.buffer, 0, n)
                 })?;
-                let mapped = self.map(&staging.buffer, wgpu::MapMode::Read, 0..n);
+                let mapped = self.map(&staging.buffer, wgpu::MapMode::Read, 0..n)?;
                 inflight.push_back((staging, pos, n, mapped, index));
                 pos += n;
             }
@@ -346,7 +347,7 @@ impl WgpuStorage {
                 dst[(lo - offset) as usize..(hi - offset) as usize]
                     .copy_from_slice(&view[(lo - a0 - cpos) as usize..(hi - a0 - cpos) as usize]);
             }
-            staging.buffer.unmap();
+            self.unmap(&staging.buffer);
             belt.return_download(staging);
         }
         Ok(())

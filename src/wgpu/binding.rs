@@ -3,6 +3,9 @@
 #![deny(unsafe_code)]
 
 use std::ops::Range;
+use std::sync::Arc;
+
+use super::lost::LostRecord;
 
 use super::options::Route;
 use super::storage::{aligned, WgpuStorage};
@@ -34,7 +37,7 @@ struct BindLimits {
 ///
 /// A cached allocator reuses freed buffers: a bind group (or any command) made from a range
 /// must not outlive the allocation, or it reaches whatever is allocated in that buffer next.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct BufferRange {
     /// The buffer (a cheap handle clone).
     pub buffer: wgpu::Buffer,
@@ -42,6 +45,17 @@ pub struct BufferRange {
     pub range: Range<u64>,
     device: Device,
     limits: BindLimits,
+    lost: Arc<LostRecord>,
+}
+
+impl std::fmt::Debug for BufferRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BufferRange")
+            .field("buffer", &self.buffer)
+            .field("range", &self.range)
+            .field("device", &self.device)
+            .finish()
+    }
 }
 
 impl BufferRange {
@@ -61,6 +75,9 @@ impl BufferRange {
     /// `max_{storage,uniform}_buffer_binding_size` (and a multiple of 4 for storage), and a
     /// buffer with the usage. Each refusal names the limit.
     pub fn binding(&self, kind: BindingKind) -> Result<wgpu::BufferBinding<'_>> {
+        if self.lost.is_lost() {
+            return Err(self.lost.error(self.device));
+        }
         let (offset, size) = (self.range.start, self.len());
         let (usage, align, max, names) = match kind {
             BindingKind::Storage => (
@@ -122,12 +139,13 @@ impl WgpuAllocator {
             storage_size: l.max_storage_buffer_binding_size,
             uniform_size: l.max_uniform_buffer_binding_size,
         };
-        BufferRange { buffer, range, device: s.id, limits }
+        BufferRange { buffer, range, device: s.id, limits, lost: Arc::clone(&s.lost) }
     }
 
     /// The buffer behind `ptr`, from `ptr` to the end of its allocation.
     pub fn buffer(&self, ptr: DevicePtr, index: DeviceIndex) -> Result<BufferRange> {
         let pool = self.pool(index)?;
+        pool.storage().check_lost()?;
         let r = pool.block_at(ptr, 0).map_err(|e| self.foreign(index, ptr, e))?;
         let range = r.offset..r.offset + r.available;
         Ok(self.range_of(pool.storage(), r.block.buffer.clone(), range))
@@ -136,6 +154,7 @@ impl WgpuAllocator {
     /// The buffer behind `len` bytes at `ptr`, checked against the allocation.
     pub fn buffer_range(&self, ptr: DevicePtr, len: u64, index: DeviceIndex) -> Result<BufferRange> {
         let pool = self.pool(index)?;
+        pool.storage().check_lost()?;
         let r = pool.block_at(ptr, len).map_err(|e| self.foreign(index, ptr, e))?;
         Ok(self.range_of(pool.storage(), r.block.buffer.clone(), r.offset..r.offset + len))
     }

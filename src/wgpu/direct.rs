@@ -14,6 +14,18 @@ use super::storage::{ceil4, WgpuBlock, WgpuStorage};
 use crate::bounce::Mode;
 use crate::error::Result;
 
+/// Unmaps a buffer when dropped.
+struct Unmap<'a> {
+    storage: &'a WgpuStorage,
+    buffer: &'a wgpu::Buffer,
+}
+
+impl Drop for Unmap<'_> {
+    fn drop(&mut self) {
+        self.storage.unmap(self.buffer);
+    }
+}
+
 impl WgpuStorage {
     /// Maps the words around `offset..offset + len` of the block itself, runs `f` on the
     /// buffer, that range and the offset of `offset` in it, and unmaps.
@@ -28,15 +40,17 @@ impl WgpuStorage {
     ) -> Result<()> {
         let range = offset & !(wgpu::MAP_ALIGNMENT - 1)..ceil4(offset + len as u64);
         let _guard = block.lock.lock().await;
-        let mapped = self.map(&block.buffer, map_mode, range.clone());
+        let mapped = self.map(&block.buffer, map_mode, range.clone())?;
+        // Unmapped whatever happens, a future dropped half-way included: a buffer left mapped
+        // could never be used by the GPU again.
+        let _unmap = Unmap { storage: self, buffer: &block.buffer };
         // The wait polls the device, which fires the lost callback of a lost device; a map on
         // a lost device fails at once. So no poll up front: on failure, name the loss.
         let waited = self.wait_mapped(mapped, None, mode).await;
         self.or_lost(waited)?;
         let at = (offset - range.start) as usize;
         let r = f(&block.buffer, range, at).map_err(|e| self.backend_error("mapping a device buffer", e));
-        block.buffer.unmap();
-        r
+        self.or_lost(r)
     }
 
     pub(crate) async fn write_direct(

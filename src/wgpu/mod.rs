@@ -284,8 +284,11 @@ impl PooledAllocator<WgpuStorage> {
             return Err(Error::invalid_argument(format!("cannot map {range:?} on {}: {why}", s.id)));
         }
         s.check_lost()?;
-        let mapped = s.map(buffer, mode, range);
-        s.wait_mapped(mapped, None, Mode::Async).await
+        let mapped = s.map(buffer, mode, range)?;
+        // A buffer of another device would never map here (only that device's polls complete
+        // its map): give up once this device is idle.
+        let r = platform::wait(s, mapped, None, Mode::Async, true).await?;
+        r.map_err(|e| s.backend_error("mapping a buffer", e))
     }
 
     /// Bytes of the largest allocation device `index` can make.

@@ -158,18 +158,32 @@ impl WgpuStorage {
         })
     }
 
-    /// Asks for `buffer[range]` to be mapped; the receiver gets the callback's result.
+    /// Asks for `buffer[range]` to be mapped (inside an error scope: a destroyed buffer is an
+    /// error, not a panic); the receiver gets the callback's result.
     pub(crate) fn map(
         &self,
         buffer: &wgpu::Buffer,
         mode: wgpu::MapMode,
         range: std::ops::Range<u64>,
-    ) -> oneshot::Receiver<MapResult> {
+    ) -> Result<oneshot::Receiver<MapResult>> {
         let (tx, rx) = oneshot::channel();
-        buffer.map_async(mode, range, move |r| {
-            let _ = tx.send(r);
-        });
-        rx
+        self.scoped("mapping a buffer", 0, Raises::Validation, || {
+            buffer.map_async(mode, range, move |r| {
+                let _ = tx.send(r);
+            })
+        })?;
+        Ok(rx)
+    }
+
+    /// Unmaps `buffer` inside an error scope (after a loss, unmapping a destroyed buffer is a
+    /// validation error that must not reach the app's handler); what it catches is logged.
+    pub(crate) fn unmap(&self, buffer: &wgpu::Buffer) {
+        if self.lost.is_lost() {
+            return;
+        }
+        if let Err(e) = self.scoped("unmapping a buffer", 0, Raises::Validation, || buffer.unmap()) {
+            log::debug!("devalloc: {e}");
+        }
     }
 
     /// Waits for a map callback and turns a failed map into an error.
@@ -179,7 +193,7 @@ impl WgpuStorage {
         index: Option<wgpu::SubmissionIndex>,
         mode: Mode,
     ) -> Result<()> {
-        let mapped = platform::wait(self, rx, index, mode).await?;
+        let mapped = platform::wait(self, rx, index, mode, false).await?;
         mapped.map_err(|e| self.backend_error("mapping a buffer", e))
     }
 
@@ -194,7 +208,7 @@ impl WgpuStorage {
         self.queue.on_submitted_work_done(move || {
             let _ = tx.send(());
         });
-        let r = platform::wait(self, rx, None, mode).await;
+        let r = platform::wait(self, rx, None, mode, false).await;
         self.or_lost(r)
     }
 
@@ -219,7 +233,8 @@ impl WgpuStorage {
             Route::Direct => self.write_direct(block, offset, src, mode).await,
             Route::Staged => {
                 self.check_lost()?;
-                self.write_staged(block, offset, src, mode).await
+                let r = self.write_staged(block, offset, src, mode).await;
+                self.or_lost(r)
             }
         }
     }

@@ -125,6 +125,8 @@ const POLL_SLICE: Duration = Duration::from_millis(2);
 struct PollerState {
     watchers: usize,
     wakers: Vec<Waker>,
+    /// Waiters that give up once the device has been idle twice without their callback.
+    idle_wakers: Vec<Waker>,
     stop: bool,
 }
 
@@ -133,6 +135,8 @@ struct PollerShared {
     lost: Arc<LostRecord>,
     state: Mutex<PollerState>,
     cv: Condvar,
+    /// Polls that found the queue empty so far.
+    idle_polls: AtomicU64,
 }
 
 /// What lets async waits on native return `Pending` and be woken: a thread per device,
@@ -145,17 +149,18 @@ pub(crate) struct Waiter {
 
 impl Waiter {
     pub(crate) fn new(device: &wgpu::Device, lost: &Arc<LostRecord>) -> Self {
-        let state = PollerState { watchers: 0, wakers: Vec::new(), stop: false };
+        let state = PollerState { watchers: 0, wakers: Vec::new(), idle_wakers: Vec::new(), stop: false };
         let shared = PollerShared {
             device: device.clone(),
             lost: Arc::clone(lost),
             state: Mutex::new(state),
             cv: Condvar::new(),
+            idle_polls: AtomicU64::new(0),
         };
         Waiter { shared: Arc::new(shared), thread: Mutex::new(None) }
     }
 
-    fn watch(&self, waker: &Waker, first: bool) {
+    fn watch(&self, waker: &Waker, first: bool, on_idle: bool) {
         {
             let mut st = lock(&self.shared.state);
             if first {
@@ -163,6 +168,9 @@ impl Waiter {
             }
             if !st.wakers.iter().any(|w| w.will_wake(waker)) {
                 st.wakers.push(waker.clone());
+            }
+            if on_idle && !st.idle_wakers.iter().any(|w| w.will_wake(waker)) {
+                st.idle_wakers.push(waker.clone());
             }
         }
         self.shared.cv.notify_one();
@@ -213,7 +221,12 @@ fn poll_loop(shared: &PollerShared) {
         let wait = wgpu::PollType::Wait { submission_index: None, timeout: Some(POLL_SLICE) };
         match catch_unwind(AssertUnwindSafe(|| shared.device.poll(wait))) {
             Err(_) => shared.lost.mark(None, "polling the device panicked (a driver-level loss)"),
-            Ok(Ok(wgpu::PollStatus::QueueEmpty)) => std::thread::sleep(Duration::from_micros(50)),
+            Ok(Ok(wgpu::PollStatus::QueueEmpty)) => {
+                shared.idle_polls.fetch_add(1, Ordering::Relaxed);
+                let idle = std::mem::take(&mut lock(&shared.state).idle_wakers);
+                idle.into_iter().for_each(Waker::wake);
+                std::thread::sleep(Duration::from_micros(50));
+            }
             Ok(Ok(_) | Err(wgpu::PollError::Timeout)) => {}
             Ok(Err(e)) => {
                 log::warn!("devalloc: polling a device: {e}");
@@ -227,25 +240,43 @@ fn poll_loop(shared: &PollerShared) {
     }
 }
 
-/// A wait for a callback's value, woken by the callback or by the polling thread on a loss.
+/// How a wait ended without its value.
+enum Ended {
+    /// The device is lost, or wgpu dropped the callback.
+    Gone,
+    /// The device went idle (twice) and the callback never came.
+    Idle,
+}
+
+/// A wait for a callback's value, woken by the callback, or by the polling thread on a loss
+/// (and, with `idle_gives_up`, when the device is idle).
 struct Waiting<'a, T> {
     rx: oneshot::Receiver<T>,
     waiter: &'a Waiter,
     watching: bool,
+    idle_gives_up: bool,
+    idle_at_start: u64,
 }
 
 impl<T> Future for Waiting<'_, T> {
-    type Output = Option<T>;
+    type Output = std::result::Result<T, Ended>;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let idle_now = self.waiter.shared.idle_polls.load(Ordering::Relaxed);
+        if !self.watching {
+            self.idle_at_start = idle_now;
+        }
         match Pin::new(&mut self.rx).poll(cx) {
-            Poll::Ready(v) => return Poll::Ready(v.ok()),
-            Poll::Pending if self.waiter.shared.lost.is_lost() => return Poll::Ready(None),
+            Poll::Ready(v) => return Poll::Ready(v.map_err(|_| Ended::Gone)),
+            Poll::Pending if self.waiter.shared.lost.is_lost() => return Poll::Ready(Err(Ended::Gone)),
+            Poll::Pending if self.idle_gives_up && idle_now >= self.idle_at_start + 2 => {
+                return Poll::Ready(Err(Ended::Idle))
+            }
             Poll::Pending => {}
         }
         let first = !self.watching;
         self.watching = true;
-        self.waiter.watch(cx.waker(), first);
+        self.waiter.watch(cx.waker(), first, self.idle_gives_up);
         Poll::Pending
     }
 }
@@ -260,35 +291,50 @@ impl<T> Drop for Waiting<'_, T> {
 
 /// Waits until `rx` has its value: blocking polls inline; async ones return `Pending` and are
 /// woken through the polling thread. `index`: the submission the value waits for, if known.
+/// `idle_gives_up`: fail (rather than wait forever) once the device has gone idle twice without
+/// the callback, as for a map of a buffer that belongs to another device (which only that
+/// device's polls would complete).
 pub(crate) async fn wait<T>(
     s: &WgpuStorage,
     mut rx: oneshot::Receiver<T>,
     index: Option<wgpu::SubmissionIndex>,
     mode: Mode,
+    idle_gives_up: bool,
 ) -> Result<T> {
     let got = match mode {
-        Mode::Async => Waiting { rx, waiter: &s.waiter, watching: false }.await,
-        Mode::Blocking => loop {
-            match rx.try_recv() {
-                Ok(Some(v)) => break Some(v),
-                Err(oneshot::Canceled) => break None,
-                Ok(None) if s.lost.is_lost() => break None,
-                Ok(None) => {}
-            }
-            let wait = wgpu::PollType::Wait { submission_index: index.clone(), timeout: None };
-            match catch_unwind(AssertUnwindSafe(|| s.device.poll(wait))) {
-                Err(_) => s.lost.mark(None, "polling the device panicked (a driver-level loss)"),
-                Ok(Err(e)) => {
-                    log::error!("devalloc: polling {}: {e}", s.id);
-                    break rx.try_recv().ok().flatten();
+        Mode::Async => {
+            Waiting { rx, waiter: &s.waiter, watching: false, idle_gives_up, idle_at_start: 0 }.await
+        }
+        Mode::Blocking => {
+            let mut idle = 0;
+            loop {
+                match rx.try_recv() {
+                    Ok(Some(v)) => break Ok(v),
+                    Err(oneshot::Canceled) => break Err(Ended::Gone),
+                    Ok(None) if s.lost.is_lost() => break Err(Ended::Gone),
+                    Ok(None) if idle_gives_up && idle >= 2 => break Err(Ended::Idle),
+                    Ok(None) => {}
                 }
-                Ok(Ok(_)) => {}
+                let wait = wgpu::PollType::Wait { submission_index: index.clone(), timeout: None };
+                match catch_unwind(AssertUnwindSafe(|| s.device.poll(wait))) {
+                    Err(_) => s.lost.mark(None, "polling the device panicked (a driver-level loss)"),
+                    Ok(Err(e)) => {
+                        log::error!("devalloc: polling {}: {e}", s.id);
+                        break rx.try_recv().ok().flatten().ok_or(Ended::Gone);
+                    }
+                    Ok(Ok(wgpu::PollStatus::QueueEmpty)) => idle += 1,
+                    Ok(Ok(_)) => {}
+                }
             }
-        },
+        }
     };
-    got.ok_or_else(|| match s.lost.is_lost() {
-        true => s.lost.error(s.id),
-        false => Error::backend(s.id, "wgpu dropped a callback devalloc was waiting for"),
+    got.map_err(|ended| match ended {
+        Ended::Gone if s.lost.is_lost() => s.lost.error(s.id),
+        Ended::Gone => Error::backend(s.id, "wgpu dropped a callback devalloc was waiting for"),
+        Ended::Idle => Error::invalid_argument(format!(
+            "the buffer never mapped although {} is idle: it belongs to another device (or the app keeps it mapped)",
+            s.id
+        )),
     })
 }
 

@@ -110,6 +110,7 @@ pub(crate) async fn wait<T>(
     mut rx: oneshot::Receiver<T>,
     _index: Option<wgpu::SubmissionIndex>,
     mode: Mode,
+    _idle_gives_up: bool,
 ) -> Result<T> {
     if mode == Mode::Blocking {
         return Err(Error::backend(s.id, "a blocking wait was attempted in the browser"));
