@@ -166,6 +166,7 @@ fn labeled(
     if let Some(a) = any.and_then(|a| a.downcast_ref::<devalloc::HostAllocator>()) {
         return a.allocate_labeled(nbytes, index, DEFAULT_ALIGNMENT, label);
     }
+    #[cfg(feature = "wgpu")]
     if let Some(a) = any.and_then(|a| a.downcast_ref::<devalloc::WgpuAllocator>()) {
         return a.allocate_labeled(nbytes, index, DEFAULT_ALIGNMENT, label);
     }
