@@ -36,8 +36,8 @@ pub(crate) fn describe(e: &DriverError) -> String {
     }
 }
 
-/// The numeric code of a driver error (some codes, like 46, are missing from cudarc 0.19's
-/// `CUresult` for the CUDA 12.8 bindings, so they are matched by number).
+/// The numeric code of a driver error (codes are matched by number, so that one table reads
+/// whatever bindings cudarc was built with).
 pub(crate) fn code(e: &DriverError) -> i64 {
     e.0 as i64
 }
@@ -59,8 +59,8 @@ fn sticky(e: &DriverError) -> bool {
     // 700 illegal address, 702 launch timeout, 709 context destroyed, 710 assert, 714
     // hardware stack, 715 illegal instruction, 716 misaligned address, 717 invalid address
     // space, 718 invalid pc, 719 launch failed, 214 ECC uncorrectable, 220 NVLink
-    // uncorrectable.
-    matches!(code(e), 700 | 702 | 709 | 710 | 714 | 715 | 716 | 717 | 718 | 719 | 214 | 220)
+    // uncorrectable, 226 contained (Hopper's error containment).
+    matches!(code(e), 700 | 702 | 709 | 710 | 714 | 715 | 716 | 717 | 718 | 719 | 214 | 220 | 226)
 }
 
 /// Maps a driver error to devalloc's enum, keeping the driver's message.

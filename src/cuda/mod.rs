@@ -10,7 +10,9 @@
 //!
 //! Semantics a CUDA runtime can rely on:
 //! - every copy returns once its data are where they were sent (devalloc's stream is
-//!   synchronised), so work on any stream afterwards sees them;
+//!   synchronised, on error paths too), so work on any stream afterwards sees them; the other
+//!   way round, devalloc copies on a stream of its own (non-blocking), so work the caller has
+//!   queued (a kernel writing what is to be read) must be finished before the copy is asked for;
 //! - `allocate` returns memory every stream can use at once (`cuMemAlloc`, not stream-ordered)
 //!   and uninitialised, as `cudaMalloc`'s; freeing is not stream-ordered: finish the work that
 //!   uses an allocation before freeing it (see `storage.rs`);
@@ -104,7 +106,8 @@ impl PooledAllocator<CudaStorage> {
             }
             Err(e) => return Err(driver_error(first, "counting devices", e, 0)),
         };
-        let threads = options.copies.threads.max(1);
+        let copies = options.copies.clone().checked();
+        let threads = copies.threads;
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("devalloc-cuda-copy-{i}"))

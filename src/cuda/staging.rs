@@ -20,7 +20,7 @@ use cudarc::driver::{result, CudaEvent, PinnedHostSlice};
 use rayon::prelude::*;
 
 use super::context::Opened;
-use super::storage::CudaStorage;
+use super::storage::{CudaStorage, SyncOnDrop};
 use crate::error::Result;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -52,15 +52,27 @@ impl CopyTuning {
         CopyTuning {
             pinned_threshold: env("DEVALLOC_CUDA_THRESHOLD", 1 << 20),
             chunk: env("DEVALLOC_CUDA_CHUNK", 8 << 20),
-            buffers: env("DEVALLOC_CUDA_BUFFERS", 4).max(2),
+            buffers: env("DEVALLOC_CUDA_BUFFERS", 4),
             threads: env("DEVALLOC_CUDA_THREADS", 4),
+        }
+        .checked()
+    }
+
+    /// The same, within what works: 2 buffers at least, chunks of 64 KiB at least (4 KiB
+    /// multiples), 1 thread at least, a threshold of 1 byte at least.
+    pub fn checked(self) -> Self {
+        CopyTuning {
+            pinned_threshold: self.pinned_threshold.max(1),
+            chunk: self.chunk.max(64 << 10).next_multiple_of(4096),
+            buffers: self.buffers.max(2),
+            threads: self.threads.max(1),
         }
     }
 
     /// The chunk of a copy of `len` bytes: at least as many chunks as buffers, of 1 MiB at
-    /// least, of `chunk` at most.
+    /// least (or the whole chunk, if smaller), of `chunk` at most.
     fn chunk_for(&self, len: usize) -> usize {
-        len.div_ceil(self.buffers).clamp(1 << 20, self.chunk.max(1 << 20)).min(self.chunk)
+        len.div_ceil(self.buffers.max(1)).max(1 << 20).min(self.chunk.max(4096))
     }
 }
 
@@ -87,12 +99,20 @@ impl Pinned {
     pub(crate) fn new(pool: Arc<rayon::ThreadPool>) -> Self {
         Pinned { upload: Mutex::default(), download: Mutex::default(), pool }
     }
+
+    /// Bytes of pinned host memory held.
+    pub(crate) fn bytes(&self) -> u64 {
+        let held = |m: &Mutex<Staging>| lock(m).bufs.iter().map(|(b, _)| b.num_bytes() as u64).sum::<u64>();
+        held(&self.upload) + held(&self.download)
+    }
 }
 
-/// Copies `src` into `dst` (same length) on the pool's threads.
+/// Copies `src` into `dst` (same length) on the pool's threads. A caller that is itself a
+/// rayon worker copies alone: `install` from a worker would run other jobs of its pool while
+/// waiting, and one of them could call back into devalloc and wait for a lock this thread holds.
 fn parallel_copy(pool: &rayon::ThreadPool, threads: usize, dst: &mut [u8], src: &[u8]) {
     let piece = dst.len().div_ceil(threads.max(1)).next_multiple_of(4096).max(256 << 10);
-    if threads <= 1 || dst.len() <= piece {
+    if threads <= 1 || dst.len() <= piece || rayon::current_thread_index().is_some() {
         dst.copy_from_slice(src);
         return;
     }
@@ -110,8 +130,14 @@ impl CudaStorage {
             let flags = if write_combined { sys::CU_MEMHOSTALLOC_WRITECOMBINED } else { 0 };
             // SAFETY: the buffer is only read by the host after a DMA into it completed, or
             // written before a DMA from it: never read while uninitialised.
-            let buf = unsafe { o.ctx.alloc_pinned_with_flags::<u8>(tuning.chunk, flags) }
-                .map_err(|e| self.err("allocating pinned staging", e))?;
+            let buf = unsafe { o.ctx.alloc_pinned_with_flags::<u8>(tuning.chunk, flags) }.map_err(|e| {
+                super::errors::driver_error(
+                    crate::storage::Storage::device(self),
+                    "allocating pinned host staging",
+                    e,
+                    tuning.chunk as u64,
+                )
+            })?;
             let ev = o.ctx.new_event(None).map_err(|e| self.err("creating an event", e))?;
             staging.bufs.push((buf, ev));
         }
@@ -124,14 +150,15 @@ impl CudaStorage {
         let pinned = &self.pinned;
         let mut staging = lock(&pinned.upload);
         self.ensure(o, &mut staging, true)?;
+        // Whatever happens below, no DMA from these buffers is left running on return.
+        let _finished = SyncOnDrop(o.stream.cu_stream());
         let n = staging.bufs.len();
         let chunk = self.tuning.chunk_for(src.len());
         for (i, piece) in src.chunks(chunk).enumerate() {
             let (buf, ev) = &mut staging.bufs[i % n];
-            if i >= n {
-                // The DMA that last read this buffer must be done before it is refilled.
-                ev.synchronize().map_err(|e| self.err("waiting for staging", e))?;
-            }
+            // The DMA that last read this buffer must be done before it is refilled (free when
+            // the event has fired, or was never recorded).
+            ev.synchronize().map_err(|e| self.err("waiting for staging", e))?;
             let host = buf.as_mut_slice().map_err(|e| self.err("pinned staging", e))?;
             parallel_copy(&pinned.pool, self.tuning.threads, &mut host[..piece.len()], piece);
             let at = dst + (i * chunk) as u64;
@@ -142,7 +169,7 @@ impl CudaStorage {
                 .map_err(|e| self.err("copying to the device", e))?;
             ev.record(&o.stream).map_err(|e| self.err("recording an event", e))?;
         }
-        o.stream.synchronize().map_err(|e| self.err("waiting for the upload", e))
+        self.sync(o)
     }
 
     /// Downloads `dst.len()` bytes at device address `src` through the pinned buffers, DMA
@@ -151,6 +178,7 @@ impl CudaStorage {
         let pinned = &self.pinned;
         let mut staging = lock(&pinned.download);
         self.ensure(o, &mut staging, false)?;
+        let _finished = SyncOnDrop(o.stream.cu_stream());
         let n = staging.bufs.len();
         let total = dst.len();
         let chunk = self.tuning.chunk_for(total);

@@ -15,6 +15,7 @@
 //! the next allocation while such work runs.
 #![warn(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
+use std::mem::ManuallyDrop;
 use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{result, sys, CudaContext, DriverError};
@@ -39,19 +40,40 @@ pub struct CudaBlock {
     raw: sys::CUdeviceptr,
     addr: u64,
     len: u64,
-    ctx: Arc<CudaContext>,
+    /// Dropped inside the block's own `Drop`, with the caller's context kept: the last
+    /// reference releases the primary context, and cudarc binds it to do so.
+    ctx: ManuallyDrop<Arc<CudaContext>>,
     device: Device,
 }
 
 impl Drop for CudaBlock {
     fn drop(&mut self) {
-        let freed = CtxGuard::bind(&self.ctx, self.device).and_then(|_guard| {
-            // SAFETY: `raw` came from `cuMemAlloc` in this context and is freed only here; the
-            // pool hands out no pointer into it any more (the block is dropped).
-            unsafe { result::free_sync(self.raw) }.map_err(|e| driver_error(self.device, "freeing", e, 0))
+        keeping_current(|| {
+            let freed = CtxGuard::bind(&self.ctx, self.device).and_then(|_guard| {
+                // SAFETY: `raw` came from `cuMemAlloc` in this context and is freed only here;
+                // the pool hands out no pointer into it any more (the block is dropped).
+                unsafe { result::free_sync(self.raw) }.map_err(|e| driver_error(self.device, "freeing", e, 0))
+            });
+            if let Err(e) = freed {
+                log::error!("devalloc: freeing {} bytes on {}: {e}", self.len, self.device);
+            }
+            // SAFETY: dropped once, here; the field is not used after.
+            unsafe { ManuallyDrop::drop(&mut self.ctx) };
         });
-        if let Err(e) = freed {
-            log::error!("devalloc: freeing {} bytes on {}: {e}", self.len, self.device);
+    }
+}
+
+/// Waits for devalloc's stream when dropped, so that an early return (an error half-way) never
+/// leaves a copy running on memory the caller gets back. Raw `cuStreamSynchronize`: cudarc's
+/// own first reports errors stored by earlier drops, and would skip the wait.
+pub(crate) struct SyncOnDrop(pub sys::CUstream);
+
+impl Drop for SyncOnDrop {
+    fn drop(&mut self) {
+        // SAFETY: the stream is devalloc's, alive for as long as the storage (which outlives
+        // every copy call), and its context is current (the caller's guard is still held).
+        if let Err(e) = unsafe { result::stream::synchronize(self.0) } {
+            log::error!("devalloc: waiting for copies after an error: {e:?}");
         }
     }
 }
@@ -113,7 +135,14 @@ impl CudaStorage {
     pub(crate) fn synchronize(&self) -> Result<()> {
         let o = self.opened()?;
         let _g = CtxGuard::bind(&o.ctx, self.id)?;
-        o.stream.synchronize().map_err(|e| self.err("synchronising", e))
+        self.sync(o)
+    }
+
+    /// Waits for devalloc's stream (raw: see [`SyncOnDrop`]); the context must be current.
+    pub(crate) fn sync(&self, o: &Opened) -> Result<()> {
+        // SAFETY: the stream is alive (held by `o`) and its context is current.
+        unsafe { result::stream::synchronize(o.stream.cu_stream()) }
+            .map_err(|e| self.err("waiting for the copy", e))
     }
 }
 
@@ -170,6 +199,10 @@ impl Storage for CudaStorage {
         self.opened().map(drop)
     }
 
+    fn staging_bytes(&self) -> u64 {
+        self.pinned.bytes()
+    }
+
     fn device_memory(&self) -> Option<crate::DeviceMemory> {
         // The size is known without a context; free memory only once the device is open.
         let free = self
@@ -196,7 +229,13 @@ impl Storage for CudaStorage {
             .map_err(|e| driver_error(self.id, "allocating device memory", e, capacity))?;
         let addr = round_up(raw, alignment.max(DRIVER_ALIGNMENT))
             .ok_or_else(|| Error::invalid_argument("address overflows"))?;
-        Ok(CudaBlock { raw, addr, len: capacity, ctx: Arc::clone(&o.ctx), device: self.id })
+        Ok(CudaBlock {
+            raw,
+            addr,
+            len: capacity,
+            ctx: ManuallyDrop::new(Arc::clone(&o.ctx)),
+            device: self.id,
+        })
     }
 
     fn address(&self, block: &CudaBlock) -> Option<u64> {
@@ -211,11 +250,12 @@ impl Storage for CudaStorage {
         if src.len() >= self.tuning.pinned_threshold {
             return self.write_pinned(o, dst, src);
         }
+        let _finished = SyncOnDrop(o.stream.cu_stream());
         // SAFETY: in bounds (the pool checked it, the block is alive); the stream is
-        // synchronised before returning, so `src` outlives the copy.
+        // synchronised before returning (on every path: `_finished`), so `src` outlives the copy.
         unsafe { result::memcpy_htod_async(dst, src, o.stream.cu_stream()) }
             .map_err(|e| self.err("copying to the device", e))?;
-        o.stream.synchronize().map_err(|e| self.err("waiting for the upload", e))
+        self.sync(o)
     }
 
     fn read(&self, block: &CudaBlock, offset: u64, dst: &mut [u8]) -> Result<()> {
@@ -226,11 +266,12 @@ impl Storage for CudaStorage {
         if dst.len() >= self.tuning.pinned_threshold {
             return self.read_pinned(o, dst, src);
         }
+        let _finished = SyncOnDrop(o.stream.cu_stream());
         // SAFETY: in bounds (checked by the pool); `dst` is an exclusive borrow that outlives
-        // the copy because the stream is synchronised before returning.
+        // the copy because the stream is synchronised before returning, on every path.
         unsafe { result::memcpy_dtoh_async(dst, src, o.stream.cu_stream()) }
             .map_err(|e| self.err("copying to the host", e))?;
-        o.stream.synchronize().map_err(|e| self.err("waiting for the download", e))
+        self.sync(o)
     }
 
     fn copy(
@@ -244,11 +285,18 @@ impl Storage for CudaStorage {
         let o = self.opened()?;
         let _g = CtxGuard::bind(&o.ctx, self.id)?;
         let (s, d) = (src.addr + src_offset, dst.addr + dst_offset);
+        if s == d {
+            return Ok(());
+        }
         let overlap = s < d + len && d < s + len;
         let stream = o.stream.cu_stream();
+        let _finished = SyncOnDrop(stream);
         if overlap {
             // cuMemcpy does not handle overlapping ranges: go through a temporary.
             let tmp = self.alloc(len, DRIVER_ALIGNMENT, &(), None)?;
+            // Declared after `tmp`, so dropped (the stream waited for) before `tmp` is freed,
+            // on an error path too.
+            let _tmp_finished = SyncOnDrop(stream);
             // SAFETY: all three ranges are in bounds of live allocations; the copies are
             // ordered on the stream, which is synchronised before `tmp` is freed.
             unsafe {
@@ -257,14 +305,14 @@ impl Storage for CudaStorage {
             }
             .map_err(|e| self.err("copying on the device", e))?;
             // Finished before `tmp` is freed.
-            return o.stream.synchronize().map_err(|e| self.err("waiting for the copy", e));
+            return self.sync(o);
         } else {
             // SAFETY: both ranges are in bounds of live allocations (checked by the pool) and do
             // not overlap.
             unsafe { result::memcpy_dtod_async(d, s, len as usize, stream) }
                 .map_err(|e| self.err("copying on the device", e))?;
         }
-        o.stream.synchronize().map_err(|e| self.err("waiting for the copy", e))
+        self.sync(o)
     }
 
     fn copy_to(
@@ -280,6 +328,7 @@ impl Storage for CudaStorage {
         let run = || -> Result<()> {
             let (so, dst_o) = (self.opened()?, dst_storage.opened()?);
             let _g = CtxGuard::bind(&so.ctx, self.id)?;
+            let _finished = SyncOnDrop(so.stream.cu_stream());
             // SAFETY: both ranges are in bounds of live allocations of their devices (checked
             // by their pools); the stream is synchronised before returning.
             unsafe {
@@ -293,7 +342,7 @@ impl Storage for CudaStorage {
                 )
             }
             .map_err(|e| self.err("copying between GPUs", e))?;
-            so.stream.synchronize().map_err(|e| self.err("waiting for the peer copy", e))
+            self.sync(so)
         };
         Some(run())
     }

@@ -143,10 +143,12 @@ enum Source<B> {
 
 /// Generic allocation policy over a [`Storage`]; see the module docs.
 pub struct Pool<S: Storage> {
+    // Fields drop in order: the blocks (in `state`) go back to the storage before the storage
+    // itself goes (a CUDA block frees through a context the storage also holds).
+    state: Mutex<State<S>>,
     storage: S,
     device: Device,
     config: Mutex<PoolConfig>,
-    state: Mutex<State<S>>,
     history: Mutex<Option<History>>,
     recording: AtomicBool,
 }
