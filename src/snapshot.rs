@@ -1,17 +1,17 @@
 //! [`Snapshot`]: what every device of an allocator holds, and what happened to it, as one
 //! documented, versioned JSON document, the same from every backend.
 //!
-//! # Format (`"format": "devalloc-snapshot"`, `"version": 1`)
+//! # Format (`"format": "devalloc-snapshot"`, `"version": 2`)
 //!
 //! ```text
 //! {
-//!   "format": "devalloc-snapshot", "version": 1, "taken_us": 1234,
+//!   "format": "devalloc-snapshot", "version": 2, "taken_us": 1234,
 //!   "devices": [{
 //!     "device": "vulkan:0", "name": "llvmpipe ...",
 //!     "stats": { "allocated_bytes": .., "reserved_bytes": .., "cached_bytes": .., ... },   // AllocatorStats
 //!     "memory_limit": 1048576 | null,
 //!     "device_memory": { "total_bytes": .., "free_bytes": .., "backend_allocated_bytes": .., "backend_reserved_bytes": .. } | null,
-//!     "live": [{ "addr": .., "size": .., "capacity": .., "label": "kv-cache" | null }],
+//!     "live": [{ "addr": "0x2000000000001000", "size": .., "capacity": .., "label": "kv-cache" | null }],
 //!     "cached": [{ "capacity": .., "count": .. }],
 //!     "planned": [{ "memory_id": 0, "addr": .., "size": .. }],
 //!     "history": null | {
@@ -27,9 +27,11 @@
 //! capacity, to_cache), `out_of_memory` (requested, detail), `evict` (bytes: the cache emptied
 //! to stay under the memory limit), `empty_cache` (bytes), `planned_buffer` (memory_id, addr,
 //! size), `release_buffers` (count). Times are microseconds since the process first asked
-//! devalloc for the time. Addresses are devalloc's (virtual for host and wgpu, real for CUDA).
-//! Readers should ignore fields they do not know; a new version number means a field changed
-//! meaning.
+//! devalloc for the time. Addresses are devalloc's (virtual for host and wgpu, real for CUDA),
+//! written as hex strings (`"0x…"`): they pass 2^53, where a JSON number read by JavaScript
+//! loses its low bits (version 1 wrote numbers). Readers should ignore fields they do not know;
+//! a new version number means a field changed meaning, and [`Snapshot::from_json`] reads this
+//! version only.
 #![deny(unsafe_code)]
 
 use serde::{Deserialize, Serialize};
@@ -37,10 +39,26 @@ use serde::{Deserialize, Serialize};
 use crate::allocator::AllocatorStats;
 use crate::error::{Error, Result};
 
+/// Addresses as `"0x…"` strings in JSON (see the module docs).
+mod hex_addr {
+    use serde::{de::Error as _, Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(addr: &u64, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format!("{addr:#x}"))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        let text = String::deserialize(d)?;
+        text.strip_prefix("0x")
+            .and_then(|hex| u64::from_str_radix(hex, 16).ok())
+            .ok_or_else(|| D::Error::custom(format!("address {text:?} is not a 0x-prefixed hex u64")))
+    }
+}
+
 /// The format name every snapshot carries.
 pub const SNAPSHOT_FORMAT: &str = "devalloc-snapshot";
 /// The version of the format this build writes.
-pub const SNAPSHOT_VERSION: u32 = 1;
+pub const SNAPSHOT_VERSION: u32 = 2;
 
 /// Every device of one or more allocators; see the module docs for the JSON.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -56,7 +74,7 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    /// An empty snapshot taken now.
+    /// A snapshot of `devices`, stamped with the time now.
     pub fn new(devices: Vec<DeviceSnapshot>) -> Self {
         Snapshot {
             format: SNAPSHOT_FORMAT.into(),
@@ -77,6 +95,12 @@ impl Snapshot {
             .map_err(|e| Error::invalid_argument(format!("not a devalloc snapshot: {e}")))?;
         if s.format != SNAPSHOT_FORMAT {
             return Err(Error::invalid_argument(format!("not a devalloc snapshot: format {:?}", s.format)));
+        }
+        if s.version != SNAPSHOT_VERSION {
+            return Err(Error::invalid_argument(format!(
+                "a devalloc snapshot of version {}: this build reads version {SNAPSHOT_VERSION}",
+                s.version
+            )));
         }
         Ok(s)
     }
@@ -129,6 +153,7 @@ pub struct DeviceMemory {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LiveAllocation {
     /// Its address.
+    #[serde(with = "hex_addr")]
     pub addr: u64,
     /// Bytes asked for.
     pub size: u64,
@@ -153,6 +178,7 @@ pub struct PlannedBuffer {
     /// Its memory id.
     pub memory_id: u32,
     /// Its base address.
+    #[serde(with = "hex_addr")]
     pub addr: u64,
     /// Its size.
     pub size: u64,
@@ -211,6 +237,7 @@ pub enum EventKind {
     /// An allocation.
     Alloc {
         /// Its address.
+        #[serde(with = "hex_addr")]
         addr: u64,
         /// Bytes asked for.
         size: u64,
@@ -226,6 +253,7 @@ pub enum EventKind {
     /// A free.
     Free {
         /// The address.
+        #[serde(with = "hex_addr")]
         addr: u64,
         /// Bytes it had asked for.
         size: u64,
@@ -256,6 +284,7 @@ pub enum EventKind {
         /// Its memory id.
         memory_id: u32,
         /// Its address.
+        #[serde(with = "hex_addr")]
         addr: u64,
         /// Its size.
         size: u64,
@@ -265,4 +294,47 @@ pub enum EventKind {
         /// Planned buffers released.
         count: u64,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one_live(addr: u64) -> Snapshot {
+        let dev = DeviceSnapshot {
+            device: "cpu:0".into(),
+            name: "host".into(),
+            stats: AllocatorStats::default(),
+            memory_limit: None,
+            device_memory: None,
+            live: vec![LiveAllocation { addr, size: 1, capacity: 256, label: None }],
+            cached: vec![],
+            planned: vec![PlannedBuffer { memory_id: 0, addr, size: 1 }],
+            history: None,
+        };
+        Snapshot::new(vec![dev])
+    }
+
+    #[test]
+    fn addresses_past_2_pow_53_survive_a_javascript_reader() {
+        let addr = (1u64 << 61) | 0x1001; // a JS number would round away the low bits
+        let json = one_live(addr).to_json();
+        assert!(json.contains(r#""addr":"0x2000000000001001""#), "{json}");
+        let back = Snapshot::from_json(&json).unwrap();
+        assert_eq!(back.devices[0].live[0].addr, addr);
+        assert_eq!(back.devices[0].planned[0].addr, addr);
+    }
+
+    #[test]
+    fn other_versions_and_bad_addresses_are_refused() {
+        let json = one_live(0x1000).to_json();
+        assert!(Snapshot::from_json(&json).is_ok());
+        let v1 = json.replace(r#""version":2"#, r#""version":1"#);
+        assert!(Snapshot::from_json(&v1).unwrap_err().to_string().contains("version 1"));
+        let number = json.replacen(r#""addr":"0x1000""#, r#""addr":4096"#, 1);
+        assert_ne!(number, json);
+        assert!(Snapshot::from_json(&number).is_err());
+        let not_hex = json.replacen(r#""addr":"0x1000""#, r#""addr":"0xzz""#, 1);
+        assert!(Snapshot::from_json(&not_hex).unwrap_err().to_string().contains("0xzz"));
+    }
 }

@@ -411,6 +411,26 @@ fn two_allocators_of_one_device_refuse_each_others_pointers() {
 }
 
 #[test]
+fn two_allocators_of_one_device_never_hold_one_address_however_far_they_go() {
+    // Far enough for two separate windows' cursors (2^44 bytes apart at the start) to meet:
+    // one allocator takes 2 TiB of addresses a round, the other 1 TiB. The storage holds no
+    // memory (addresses only).
+    let (a, b) = (
+        Pool::new(Weightless(Device::new(DeviceType::Cpu, 0)), PoolConfig::default()).unwrap(),
+        Pool::new(Weightless(Device::new(DeviceType::Cpu, 0)), PoolConfig::default()).unwrap(),
+    );
+    let rounds = if cfg!(miri) { 40 } else { 20_000 };
+    for _ in 0..rounds {
+        let pa = a.allocate(1 << 41, 256).unwrap();
+        let pb = b.allocate(1 << 40, 256).unwrap();
+        assert!(!b.contains(pa) && !a.contains(pb), "{pa} and {pb}: one address in two allocators");
+        assert!(matches!(b.write(pa, &[1]), Err(Error::InvalidPointer { .. })));
+        a.deallocate(pa).unwrap();
+        b.deallocate(pb).unwrap();
+    }
+}
+
+#[test]
 fn a_limit_between_granules_allows_the_granules_below_it_and_says_so() {
     let a = slow(PoolConfig { memory_limit: Some(1001), ..PoolConfig::default() });
     let e = a.allocate(1001, 0, 256).unwrap_err();

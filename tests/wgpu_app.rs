@@ -120,6 +120,43 @@ fn every_call_after_destroy_is_device_lost_for_every_allocator_and_the_app_hears
 }
 
 #[test]
+fn synchronize_as_the_first_call_after_destroy_is_device_lost() {
+    for backend in BACKENDS {
+        let Some((device, queue)) = app_device(backend) else { continue };
+        let a = WgpuAllocator::from_device(device.clone(), queue).unwrap();
+        device.destroy();
+        let r = a.synchronize(0);
+        assert!(matches!(r, Err(Error::DeviceLost { .. })), "{backend:?}: {r:?}");
+    }
+}
+
+#[test]
+fn a_refused_adoption_leaves_the_devices_lost_callback_to_the_app() {
+    for backend in BACKENDS {
+        let Some((device, queue)) = app_device(backend) else { continue };
+        let handler: devalloc::DeviceLostHandler = Arc::new(|_, _: &str| {});
+        for bad in [
+            WgpuOptions {
+                pool: PoolConfig { address_window: 12345, ..PoolConfig::default() },
+                on_device_lost: Some(Arc::clone(&handler)),
+                ..WgpuOptions::default()
+            },
+            WgpuOptions {
+                usage: wgpu::BufferUsages::MAP_READ,
+                on_device_lost: Some(Arc::clone(&handler)),
+                ..WgpuOptions::default()
+            },
+        ] {
+            let e = WgpuAllocator::from_device_with(device.clone(), queue.clone(), bad).err().unwrap();
+            assert!(matches!(e, Error::InvalidArgument { .. }), "{backend:?}: {e}");
+        }
+        // Had a refused adoption taken the callback, this one would be told "give it once".
+        let good = WgpuOptions { on_device_lost: Some(handler), ..WgpuOptions::default() };
+        WgpuAllocator::from_device_with(device, queue, good).expect("the callback was still the app's");
+    }
+}
+
+#[test]
 fn a_misaligned_binding_is_a_devalloc_error_naming_the_limit() {
     for backend in BACKENDS {
         let Some((device, queue)) = app_device(backend) else { continue };

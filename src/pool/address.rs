@@ -15,9 +15,14 @@
 //! quarantine lifted fails without lifting any. Neighbouring freed ranges merge, so the
 //! quarantine holds at most about one entry per live allocation.
 //!
-//! Each window starts its cursor in a lane of its own (2^44 bytes apart, by the order pools
-//! are made), so two allocators on one device (two pools of `vulkan:0`, say) hand out
-//! different addresses, and one's pointer is refused by the other as unknown.
+//! Pools of one device with the full-size window and the same quarantine share one window
+//! (see [`AddressWindow::shared`]): two allocators on one device (two pools of `vulkan:0`,
+//! say) never hold the same address at once, so one's pointer is refused by the other (as
+//! unknown, or as freed when the range was freed). Windows made one after another (another
+//! quarantine, or a device's window made again after its pools were all dropped) start their
+//! cursors in lanes 2^44 bytes apart, which keeps them apart until one has handed out 16 TiB.
+//! A smaller window (a test setting) is its pool's own: another pool's pointers may be valid
+//! addresses in it.
 //!
 //! So: no range is handed out again within 2^32 frees, unless more than the whole window
 //! (8 PiB, less what is live) has been freed meanwhile; with allocations of 2 MiB or less that
@@ -26,6 +31,7 @@
 #![deny(unsafe_code)]
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, Weak};
 
 use crate::checks::round_up;
 use crate::device::Device;
@@ -42,6 +48,13 @@ const FIRST: u64 = 0x1000;
 const LANE: u64 = 1 << 44;
 /// Windows made so far (each takes the next lane).
 static WINDOWS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// A window shared by the pools of one device with the same settings.
+pub(crate) type SharedWindow = Arc<Mutex<AddressWindow>>;
+
+/// The full-size windows in use, by device and settings (size, quarantine).
+type Key = (Device, u64, u64);
+static SHARED: Mutex<Vec<(Key, Weak<Mutex<AddressWindow>>)>> = Mutex::new(Vec::new());
 
 /// A range handed out: the address and the span it holds (padding and guard included).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,6 +104,23 @@ impl AddressWindow {
             frees: 0,
             quarantine_frees,
         }
+    }
+
+    /// The window of `device` with these settings that pools in use share, or a new one.
+    pub fn shared(device: Device, size: u64, quarantine_frees: u64) -> SharedWindow {
+        if size < 1 << MAX_WINDOW_BITS {
+            // A test setting: exclusive, so that what the test sees is its own pool's doing.
+            return Arc::new(Mutex::new(AddressWindow::new(device, size, quarantine_frees)));
+        }
+        let key = (device, size, quarantine_frees);
+        let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+        shared.retain(|(_, w)| w.strong_count() > 0);
+        if let Some(w) = shared.iter().find(|(k, _)| *k == key).and_then(|(_, w)| w.upgrade()) {
+            return w;
+        }
+        let w = Arc::new(Mutex::new(AddressWindow::new(device, size, quarantine_frees)));
+        shared.push((key, Arc::downgrade(&w)));
+        w
     }
 
     /// The largest alignment an address in this window can have.

@@ -51,28 +51,24 @@ impl<S: Storage> Pool<S> {
         let (block, fresh) = match source {
             Source::Cached(block) => (block, false),
             Source::Fresh => match self.alloc_block(&plan, label) {
+                // A storage with real addresses must give one: a null would be handed out.
+                Ok(block) if span.is_none() && self.storage.address(&block).is_none_or(|a| a == 0) => {
+                    lock(&self.state).pending -= plan.key.capacity;
+                    drop(block);
+                    return Err(Error::backend(self.device, "the storage gave a block without an address"));
+                }
                 Ok(block) => (block, true),
                 Err(e) => {
                     let mut state = lock(&self.state);
                     state.pending -= plan.key.capacity;
-                    if let (Some(w), Some(span)) = (state.window.as_mut(), span) {
-                        w.unreserve(span);
+                    if let (Some(w), Some(span)) = (state.window.as_ref(), span) {
+                        lock(w).unreserve(span);
                     }
                     return Err(e);
                 }
             },
         };
-        let (size, capacity) = (plan.size, plan.key.capacity);
-        let ptr = self.record(plan, block, fresh, span, label);
-        self.note(|| EventKind::Alloc {
-            addr: ptr.addr(),
-            size,
-            capacity,
-            label: label.map(Into::into),
-            from_cache: !fresh,
-            backtrace: None,
-        });
-        Ok(ptr)
+        Ok(self.record(plan, block, fresh, span, label))
     }
 
     /// Step 1: checks the request and works out the block it needs. Changes nothing.
@@ -105,7 +101,11 @@ impl<S: Storage> Pool<S> {
         let exact =
             granular(size).filter(|&c| c <= max).ok_or(Error::TooLarge { requested: size, max, device })?;
         // A size class past the limit falls back to the exact size.
-        let class = config.caching.then(|| self.storage.size_class(size).and_then(granular)).flatten();
+        let class = config
+            .caching
+            .then(|| self.storage.size_class(size).and_then(granular))
+            .flatten()
+            .filter(|&c| c >= size);
         let capacity = class.filter(|&c| c <= max).unwrap_or(exact);
         let label_key = (S::FIXED_LABELS).then(|| label.map(Box::from)).flatten();
         let key =
@@ -113,48 +113,54 @@ impl<S: Storage> Pool<S> {
         Ok(Plan { size, alignment, key })
     }
 
-    /// Step 2: under the lock, takes the addresses and either a cached block or room for a
-    /// fresh one under the memory limit.
+    /// Step 2: under the lock, takes a cached block or room for a fresh one under the memory
+    /// limit, and the addresses. A refusal leaves everything as it was: the limit is checked
+    /// before any addresses are taken (taking them may lift quarantine), and a cached block
+    /// goes back if the addresses cannot be had.
     fn claim(&self, plan: &Plan<S::Params>, config: &PoolConfig) -> Result<(Source<S::Block>, Option<Span>)> {
         let capacity = plan.key.capacity;
         let mut state = lock(&self.state);
-        let span = match state.window.as_mut().map(|w| w.reserve(plan.size, plan.alignment)) {
+        let cached = if config.caching && config.reuse_freed { state.cache.take(&plan.key) } else { None };
+        let held = state.stats.reserved_bytes + state.pending;
+        if let (None, Some(limit)) = (&cached, config.memory_limit) {
+            // Not even with the cache given back: refuse before anything changes.
+            if held - state.stats.cached_bytes + capacity > limit {
+                let detail = format!("devalloc memory limit of {limit} bytes");
+                return Err(self.out_of_memory(&state, plan.size, detail));
+            }
+        }
+        let reserved = state.window.as_ref().map(|w| lock(w).reserve(plan.size, plan.alignment));
+        let span = match reserved {
             None => None,
             Some(Ok(span)) => Some(span),
-            Some(Err(Refused::NeverFits { max })) if plan.size > max => {
-                return Err(Error::TooLarge { requested: plan.size, max, device: self.device })
-            }
-            Some(Err(Refused::NeverFits { .. })) => {
-                return Err(Error::invalid_argument(format!(
-                    "alignment {} leaves no room for {} bytes in {}'s window of {} addresses",
-                    plan.alignment, plan.size, self.device, config.address_window
-                )))
-            }
-            Some(Err(Refused::Full)) => {
-                return Err(self.out_of_memory(&state, plan.size, "devalloc's address window is full".into()))
+            Some(Err(refused)) => {
+                if let Some(block) = cached {
+                    state.cache.put(plan.key.clone(), block);
+                }
+                return Err(match refused {
+                    Refused::NeverFits { max } if plan.size > max => {
+                        Error::TooLarge { requested: plan.size, max, device: self.device }
+                    }
+                    Refused::NeverFits { .. } => Error::invalid_argument(format!(
+                        "alignment {} leaves no room for {} bytes in {}'s window of {} addresses",
+                        plan.alignment, plan.size, self.device, config.address_window
+                    )),
+                    Refused::Full => {
+                        self.out_of_memory(&state, plan.size, "devalloc's address window is full".into())
+                    }
+                });
             }
         };
-        let cached = if config.caching && config.reuse_freed { state.cache.take(&plan.key) } else { None };
         if let Some(block) = cached {
             state.stats.cached_bytes -= capacity;
             return Ok((Source::Cached(block), span));
         }
         let mut evicted = Vec::new();
-        if let Some(limit) = config.memory_limit {
-            let held = state.stats.reserved_bytes + state.pending;
-            if held + capacity > limit && held - state.stats.cached_bytes + capacity <= limit {
-                let bytes = state.stats.cached_bytes;
-                evicted = Self::take_cache(&mut state);
-                self.note(|| EventKind::Evict { bytes });
-            }
-            let held = state.stats.reserved_bytes + state.pending;
-            if held + capacity > limit {
-                if let (Some(w), Some(span)) = (state.window.as_mut(), span) {
-                    w.unreserve(span);
-                }
-                let detail = format!("devalloc memory limit of {limit} bytes");
-                return Err(self.out_of_memory(&state, plan.size, detail));
-            }
+        if config.memory_limit.is_some_and(|limit| held + capacity > limit) {
+            // The check above made sure that giving the cache back makes room.
+            let bytes = state.stats.cached_bytes;
+            evicted = Self::take_cache(&mut state);
+            self.note(|| EventKind::Evict { bytes });
         }
         state.pending += capacity;
         drop(state);
@@ -184,7 +190,8 @@ impl<S: Storage> Pool<S> {
         }
     }
 
-    /// Step 4: records the allocation and moves the stats. Cannot fail.
+    /// Step 4: records the allocation, moves the stats and notes the event (under the lock,
+    /// so that no free of this address can be noted before it). Cannot fail.
     fn record(
         &self,
         plan: Plan<S::Params>,
@@ -197,6 +204,7 @@ impl<S: Storage> Pool<S> {
         let mut state = lock(&self.state);
         let base = match span {
             Some(span) => span.base,
+            // Checked in `allocate_steps` for fresh blocks; a cached block had one when live.
             None => self.storage.address(&block).unwrap_or_default(),
         };
         let stats = &mut state.stats;
@@ -222,6 +230,14 @@ impl<S: Storage> Pool<S> {
             span,
         };
         state.live.insert(base, live);
+        self.note(|| EventKind::Alloc {
+            addr: base,
+            size: plan.size,
+            capacity,
+            label: label.map(Into::into),
+            from_cache: !fresh,
+            backtrace: None,
+        });
         DevicePtr::new(base)
     }
 }

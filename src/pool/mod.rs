@@ -44,7 +44,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 pub(crate) use self::history::now_us;
 use self::history::History;
 
-use self::address::{AddressWindow, Span, MAX_DEVICES, MAX_WINDOW_BITS};
+use self::address::{AddressWindow, SharedWindow, Span, MAX_DEVICES, MAX_WINDOW_BITS};
 pub(crate) use self::cache::size_class as default_size_class;
 use self::cache::{BlockCache, Key};
 use crate::allocator::AllocatorStats;
@@ -69,9 +69,12 @@ pub struct PoolConfig {
     /// still pointing at a freed buffer) show up instead of silently reaching a new allocation.
     pub reuse_freed: bool,
     /// Size in bytes of each device's window of virtual addresses: a power of two from 2^17 to
-    /// 2^53 (the default). Smaller windows exist for tests of the reuse rule.
+    /// 2^53 (the default). Smaller windows exist for tests of the reuse rule; a full-size
+    /// window is shared by every pool of the device with the same quarantine, so that two
+    /// allocators of one device never hand out one address.
     pub address_window: u64,
-    /// How many later frees a freed address range stays out of use (2^32 by default).
+    /// How many later frees (on the device's window) a freed address range stays out of use
+    /// (2^32 by default; 0 is taken as 1).
     pub quarantine_frees: u64,
 }
 
@@ -121,7 +124,7 @@ struct Live<S: Storage> {
 struct State<S: Storage> {
     live: BTreeMap<u64, Live<S>>,
     cache: BlockCache<S::Block, S::Params>,
-    window: Option<AddressWindow>,
+    window: Option<SharedWindow>,
     stats: AllocatorStats,
     /// Bytes the device is allocating right now (counted against the limit).
     pending: u64,
@@ -159,24 +162,41 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-impl<S: Storage> Pool<S> {
-    /// A pool over `storage`. Refuses a device index past 255 (addresses tell 256 devices of a
-    /// type apart) and an address window that is not a power of two from 2^17 to 2^53.
-    pub fn new(storage: S, config: PoolConfig) -> Result<Self> {
-        let device = storage.device();
+impl PoolConfig {
+    /// Refuses settings no pool of `device` can have: a device index past 255 (addresses tell
+    /// 256 devices of a type apart) and an address window that is not a power of two from
+    /// 2^17 to 2^53. (A quarantine of 0 frees is taken as 1.)
+    pub(crate) fn check(&self, device: Device) -> Result<()> {
         if device.index >= MAX_DEVICES {
             return Err(Error::invalid_argument(format!(
                 "device {device}: devalloc tells at most {MAX_DEVICES} devices of a type apart"
             )));
         }
-        let w = config.address_window;
+        let w = self.address_window;
         if !w.is_power_of_two() || !(1 << 17..=1 << MAX_WINDOW_BITS).contains(&w) {
             return Err(Error::invalid_argument(format!(
                 "address window of {w} bytes: it must be a power of two from 2^17 to 2^{MAX_WINDOW_BITS}"
             )));
         }
+        Ok(())
+    }
+}
+
+impl<S: Storage> Pool<S> {
+    /// A pool over `storage`. Refuses a device index past 255 (addresses tell 256 devices of a
+    /// type apart) and an address window that is not a power of two from 2^17 to 2^53.
+    pub fn new(storage: S, config: PoolConfig) -> Result<Self> {
+        let device = storage.device();
+        config.check(device)?;
+        let g = storage.granularity();
+        if !g.is_power_of_two() {
+            return Err(Error::invalid_argument(format!(
+                "{device}: the storage's granularity of {g} bytes is not a power of two"
+            )));
+        }
+        let w = config.address_window;
         let window = (!storage.has_real_addresses())
-            .then(|| AddressWindow::new(device, w, config.quarantine_frees.max(1)));
+            .then(|| AddressWindow::shared(device, w, config.quarantine_frees.max(1)));
         Ok(Pool {
             storage,
             device,
@@ -232,8 +252,8 @@ impl<S: Storage> Pool<S> {
         stats.deallocations += 1;
         stats.live_allocations -= 1;
         stats.allocated_bytes -= live.size;
-        if let (Some(w), Some(span)) = (state.window.as_mut(), live.span) {
-            w.release(span);
+        if let (Some(w), Some(span)) = (state.window.as_ref(), live.span) {
+            lock(w).release(span);
         }
         let keep = config.caching && config.reuse_freed;
         let size = live.size;
@@ -248,10 +268,11 @@ impl<S: Storage> Pool<S> {
                 Some(block)
             }
         };
-        drop(state);
         let to_cache = to_drop.is_none();
-        drop(to_drop);
+        // Noted under the lock: no allocation of this address can be noted before its free.
         self.note(|| EventKind::Free { addr: ptr.addr(), size, capacity, to_cache });
+        drop(state);
+        drop(to_drop);
         Ok(())
     }
 
@@ -262,7 +283,7 @@ impl<S: Storage> Pool<S> {
     fn pointer_problem(&self, state: &State<S>, ptr: DevicePtr) -> PointerProblem {
         if ptr.is_null() {
             PointerProblem::Null
-        } else if state.window.as_ref().is_some_and(|w| w.was_freed(ptr.addr())) {
+        } else if state.window.as_ref().is_some_and(|w| lock(w).was_freed(ptr.addr())) {
             PointerProblem::Freed
         } else {
             PointerProblem::Unknown

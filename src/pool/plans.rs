@@ -21,8 +21,8 @@ impl<S: Storage> Pool<S> {
         state.plans.unclaim(memory_id);
         let base = made?;
         state.plans.insert(self.device, memory_id, base, len64(nbytes))?;
-        drop(state);
         self.note(|| EventKind::PlannedBuffer { memory_id, addr: base.addr(), size: len64(nbytes) });
+        drop(state);
         Ok(base)
     }
 

@@ -31,7 +31,11 @@ impl<S: Storage> Pool<S> {
 
     /// Every live allocation, in address order.
     pub fn live_allocations(&self) -> Vec<AllocationInfo> {
-        lock(&self.state)
+        Self::live_in(&lock(&self.state))
+    }
+
+    fn live_in(state: &State<S>) -> Vec<AllocationInfo> {
+        state
             .live
             .iter()
             .map(|(&b, l)| AllocationInfo {
@@ -45,7 +49,12 @@ impl<S: Storage> Pool<S> {
 
     /// A readable summary: stats, then each live allocation.
     pub fn report(&self) -> String {
-        let s = self.stats();
+        // Stats and allocations read under one lock, so that they agree.
+        let (mut s, live) = {
+            let state = lock(&self.state);
+            (state.stats, Self::live_in(&state))
+        };
+        s.staging_bytes = self.storage.staging_bytes();
         let mut out = format!(
             "{}: {} live allocation(s), {} bytes allocated (peak {}), {} reserved (peak {}), {} cached; {} hits / {} misses; {} staging\n",
             self.device,
@@ -59,7 +68,7 @@ impl<S: Storage> Pool<S> {
             s.cache_misses,
             s.staging_bytes
         );
-        for a in self.live_allocations() {
+        for a in live {
             let _ = writeln!(
                 out,
                 "  {} {} bytes ({})",
@@ -73,7 +82,9 @@ impl<S: Storage> Pool<S> {
 
     /// This device's part of a [`crate::Snapshot`].
     pub fn snapshot(&self) -> DeviceSnapshot {
-        let (live, cached, planned) = {
+        // Everything but the device's own numbers under one lock (history after state, the
+        // order every path takes them in), so that stats, allocations and events agree.
+        let (mut stats, live, cached, planned, history) = {
             let state = lock(&self.state);
             let live = state
                 .live
@@ -97,18 +108,19 @@ impl<S: Storage> Pool<S> {
                 .into_iter()
                 .map(|(memory_id, base, size)| PlannedBuffer { memory_id, addr: base.addr(), size })
                 .collect();
-            (live, cached, planned)
+            (state.stats, live, cached, planned, self.history_snapshot())
         };
+        stats.staging_bytes = self.storage.staging_bytes();
         DeviceSnapshot {
             device: self.device.to_string(),
             name: self.storage.name(),
-            stats: self.stats(),
+            stats,
             memory_limit: self.memory_limit(),
             device_memory: self.storage.device_memory(),
             live,
             cached,
             planned,
-            history: self.history_snapshot(),
+            history,
         }
     }
 }

@@ -115,6 +115,7 @@ impl PooledAllocator<WgpuStorage> {
                 "wgpu backend {backend:?} has no device memory devalloc can serve"
             ))
         })?;
+        options.check(Device::new(device_type, 0))?;
         let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
         desc.backends = backend.into();
         let instance = wgpu::Instance::new(desc);
@@ -183,6 +184,9 @@ impl PooledAllocator<WgpuStorage> {
         let mappable = device.features().contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS);
         let route = choose_route(options.route, &info, mappable, device_type)?;
         let id = Device::new(device_type, 0);
+        // Every setting checked before the storage takes the device's lost callback: a refused
+        // adoption leaves the app's device as it was.
+        options.check(id)?;
         let storage = WgpuStorage::new(device, queue, id, route, &options)?;
         PooledAllocator::from_pools(device_type, vec![Pool::new(storage, options.pool.clone())?])
     }
@@ -229,7 +233,7 @@ impl PooledAllocator<WgpuStorage> {
         Ok(ptr)
     }
 
-    /// Allocates memory that reads as zeros (a reused buffer is cleared on the GPU).
+    /// Allocates memory that reads as zeros (cleared on the GPU, fresh buffers too).
     pub fn allocate_zeroed(&self, nbytes: usize, index: DeviceIndex, alignment: usize) -> Result<DevicePtr> {
         self.allocate_with(index, &BufferRequest::new(nbytes).alignment(alignment).zeroed())
     }

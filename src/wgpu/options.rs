@@ -39,8 +39,8 @@ pub struct WgpuOptions {
     /// forced `Direct` is an error where the device cannot map its buffers.
     pub route: Option<Route>,
     /// Usage of buffers allocated without one of their own (`COPY_SRC | COPY_DST` are always
-    /// added, as devalloc copies through them). `WgpuAllocator::allocate_with` picks usage per
-    /// allocation.
+    /// added, as devalloc copies through them; `MAP_READ` / `MAP_WRITE` are refused: they are
+    /// devalloc's to set). `WgpuAllocator::allocate_with` picks usage per allocation.
     pub usage: wgpu::BufferUsages,
     /// Size of one staging buffer, and so of one chunk of a large copy. `None`: natively 4 MiB
     /// on CPU and integrated adapters, 8 MiB on discrete GPUs (chosen by measurement: see
@@ -72,6 +72,20 @@ impl Default for WgpuOptions {
             staging_budget: None,
             on_device_lost: None,
         }
+    }
+}
+
+impl WgpuOptions {
+    /// Refuses settings no allocator of `device` can work with (checked before a device is
+    /// opened or adopted, so that a refusal changes nothing).
+    pub(crate) fn check(&self, device: crate::device::Device) -> crate::error::Result<()> {
+        self.pool.check(device)?;
+        if self.usage.intersects(wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::MAP_WRITE) {
+            return Err(crate::error::Error::invalid_argument(
+                "WgpuOptions::usage: MAP_READ / MAP_WRITE are devalloc's to set (the direct route maps buffers itself)",
+            ));
+        }
+        Ok(())
     }
 }
 

@@ -209,7 +209,13 @@ impl WgpuStorage {
             let _ = tx.send(());
         });
         let r = platform::wait(self, rx, None, mode, false).await;
-        self.or_lost(r)
+        self.or_lost(r)?;
+        // One poll can run the work-done callback before the lost one (wgpu fires them in that
+        // order): a device destroyed before this call has finished "its" work, and is lost.
+        if self.lost.is_lost() {
+            return Err(self.lost.error(self.id));
+        }
+        Ok(())
     }
 
     /// `r`, or [`crate::Error::DeviceLost`] when it failed because the device is lost.
