@@ -28,7 +28,8 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
 /// `allocated` counts the bytes callers asked for and still hold; `reserved` counts what the
 /// allocator holds from the device for them, rounding and cached free blocks included. Staging
 /// memory (the host-visible buffers a copy passes through) is counted apart, in
-/// `staging_bytes`. Stats move only when a call succeeds. Marked `non_exhaustive`: start from
+/// `staging_bytes`. Stats move only when a call succeeds (and when an allocation that ran
+/// out of memory gave the cache back first). Marked `non_exhaustive`: start from
 /// `AllocatorStats::default()` when writing an allocator of your own.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(default)]

@@ -49,10 +49,14 @@
 //!   non-zero power of two and the address is a multiple of it.
 //! - A copy of 0 bytes succeeds without looking at the pointer.
 //! - Copies are bounds-checked against the allocation the pointer lies in and happen whole or
-//!   not at all; copies that move in chunks check both ends before the first chunk.
+//!   not at all; copies that move in chunks check both ends before the first chunk (a device
+//!   failing half-way through a chunked copy can leave the chunks before it written).
 //! - Every failure is an [`Error`], never a panic, and a failed call changes nothing: not the
-//!   data, not the stats. Impossible requests are [`Error::TooLarge`] or
-//!   [`Error::InvalidArgument`]; [`Error::OutOfMemory`] means "not now" and says what is held.
+//!   data, not the stats (one exception: an allocation that runs out of memory may first give
+//!   the cache back to the device, as PyTorch's does). Impossible requests are
+//!   [`Error::TooLarge`] or [`Error::InvalidArgument`]; [`Error::OutOfMemory`] means "not now"
+//!   and says what is held. In the browser, WebGPU reports a buffer it could not create only
+//!   later, asynchronously: devalloc logs it, and the allocation has already returned.
 //! - Stale, interior and foreign pointers are refused: host and wgpu addresses are virtual and
 //!   a freed range is not handed out again within 2^32 frees (unless the device's 8 PiB
 //!   window has no other room), so a use after free is reported as such.
@@ -66,13 +70,18 @@
 //!   [`DeviceIndex`], [`NUM_DEVICE_TYPES`], [`DevicePtr`]; errors: [`Error`],
 //!   [`PointerProblem`], [`Result`], [`BackendSource`].
 //! - The registry: [`DeviceAllocatorRegistry`] (with [`DeviceAllocatorRegistry::get`] for the
-//!   concrete type back), [`register_device_allocator`], [`get_device_allocator`], [`copy`],
+//!   concrete type back, and [`DeviceAllocatorRegistry::get_or_register`]),
+//!   [`register_device_allocator`], [`get_device_allocator`], [`copy`],
 //!   [`register_available`] with its [`Registration`] / [`Outcome`].
 //! - Owning memory: [`DeviceMemoryBuffer`], [`PlannedMemory`], [`PlanLayout`].
 //! - Allocators: [`HostAllocator`] with [`PoolConfig`]; with a wgpu feature `WgpuAllocator`,
 //!   `WgpuOptions`, `Route`, `BufferRequest`, `BufferRange`, `BindingKind`,
 //!   `DeviceLostHandler`, `register_wgpu_backends` and the `wgpu_api` re-export; with `cuda`
-//!   `CudaAllocator`.
+//!   `CudaAllocator`, `CudaOptions`, `CopyTuning`, `cuda_library` and the `cudarc_api`
+//!   re-export.
+//! - Where the memory went: [`Snapshot`] and its parts ([`DeviceSnapshot`], [`LiveAllocation`],
+//!   [`CachedBlocks`], [`PlannedBuffer`], [`DeviceMemory`], [`HistorySnapshot`], [`Event`],
+//!   [`EventKind`], [`CopyCounts`], [`Count`]), [`SNAPSHOT_FORMAT`], [`SNAPSHOT_VERSION`].
 //! - [`backend`]: what someone writing a backend of their own needs (`Storage`, `Pool`,
 //!   `PooledAllocator`, `BlockRef`, `AllocationInfo`, the built-in storages).
 //!
@@ -89,7 +98,8 @@
 //!   callback yourself after adoption. devalloc polls the device without blocking at the
 //!   start of every call that touches it (or waits on a poll anyway), so after
 //!   `device.destroy()` every such call of every allocator on it is [`Error::DeviceLost`]:
-//!   allocations, copies, range checks, buffers and bindings, `synchronize`. Bookkeeping keeps
+//!   allocations, copies, range checks, buffers, `synchronize`; a `BufferRange`'s `binding`
+//!   polls nothing and is `DeviceLost` once any call has seen the loss. Bookkeeping keeps
 //!   working so that the app can clean up: `deallocate`, `release_buffers`, `empty_cache`,
 //!   `stats`, `get_offset_address`.
 //! - **Binding.** `WgpuAllocator::buffer(ptr, index)` (to the end of the allocation) or

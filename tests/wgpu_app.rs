@@ -511,10 +511,47 @@ fn mapping_a_destroyed_or_foreign_buffer_is_an_error_not_a_panic_or_a_hang() {
         let r = pollster::block_on(a.map_buffer_async(0, &foreign, wgpu::MapMode::Read, 0..8));
         let e = r.unwrap_err();
         assert!(e.to_string().contains("another device"), "{backend:?}: {e}");
+        // Giving up cancelled devalloc's map: the buffer's own device maps it as usual.
+        let (tx, rx) = std::sync::mpsc::channel();
+        foreign.slice(0..8).map_async(wgpu::MapMode::Read, move |r| tx.send(r).unwrap());
+        other.poll(wgpu::PollType::wait_indefinitely()).unwrap();
+        let mapped = rx.recv().unwrap();
+        assert!(mapped.is_ok(), "{backend:?}: devalloc left its map pending: {mapped:?}");
         assert!(errors.lock().unwrap().is_empty(), "{backend:?}: {:?}", errors.lock().unwrap());
         // The allocator is still fine.
         let p = a.allocate(64, 0, DEFAULT_ALIGNMENT).unwrap();
         a.copy_host_to_device(p, &[1u8; 64], 0).unwrap();
+        a.deallocate(p, 0).unwrap();
+    }
+}
+
+#[test]
+fn a_buffer_the_app_mapped_itself_is_an_error_for_devalloc_and_stays_the_apps() {
+    for backend in BACKENDS {
+        let Some((device, queue)) = app_device_mappable(backend) else { continue };
+        let a = WgpuAllocator::from_device(device.clone(), queue).unwrap();
+        if a.route(0).unwrap() != Route::Direct {
+            eprintln!("SKIPPED on {backend:?}: no direct route on this adapter");
+            continue;
+        }
+        let p = a.allocate(256, 0, DEFAULT_ALIGNMENT).unwrap();
+        a.copy_host_to_device(p, &[3u8; 256], 0).unwrap();
+        let range = a.buffer(p, 0).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        range.buffer.slice(0..256).map_async(wgpu::MapMode::Read, move |r| tx.send(r).unwrap());
+        device.poll(wgpu::PollType::wait_indefinitely()).unwrap();
+        rx.recv().unwrap().unwrap();
+        let view = range.buffer.slice(0..256).get_mapped_range().unwrap();
+        // devalloc's map is refused; it must not unmap the app's mapping (with a view alive,
+        // wgpu would panic) nor pretend the copy happened.
+        let mut back = [0u8; 16];
+        assert!(a.copy_device_to_host(&mut back, p, 0).is_err(), "{backend:?}");
+        assert!(a.copy_host_to_device(p, &[9u8; 16], 0).is_err(), "{backend:?}");
+        assert_eq!(view[..16], [3u8; 16], "{backend:?}: the app's view changed");
+        drop(view);
+        range.buffer.unmap();
+        a.copy_device_to_host(&mut back, p, 0).unwrap();
+        assert_eq!(back, [3u8; 16], "{backend:?}");
         a.deallocate(p, 0).unwrap();
     }
 }

@@ -17,9 +17,9 @@
 //! - **Downloads**: copy a chunk into an idle `MAP_READ` buffer, submit, `map_async`; up to
 //!   [`PIPELINE_DEPTH`] chunks are in flight, so the GPU copies chunk i+1 while the host reads
 //!   chunk i; then unmap and put the buffer back. Download buffers come in power-of-two sizes
-//!   from 64 KiB (or the device's largest buffer, if smaller) to a chunk, and a read takes the
-//!   smallest idle one that holds it: mapping a few bytes of a chunk-sized buffer measured
-//!   slower.
+//!   from 64 KiB (or the device's largest buffer, if smaller) to a chunk, and a read takes an
+//!   idle one of its own size class (the smallest that holds it), or makes one: mapping a few
+//!   bytes of a chunk-sized buffer measured slower.
 //! - **Ragged ranges**: wgpu copies 4-byte words at 4-byte offsets. A read copies the
 //!   enclosing words and keeps the wanted bytes; a write reads the (at most two) edge words
 //!   first and writes them back merged, under the block's lock, so neighbouring bytes are kept.

@@ -59,9 +59,23 @@ impl std::fmt::Debug for BufferRange {
 }
 
 impl BufferRange {
-    /// Bytes in the range.
+    /// Bytes in the range (0 for a reversed range).
     pub fn len(&self) -> u64 {
-        self.range.end - self.range.start
+        self.range.end.saturating_sub(self.range.start)
+    }
+
+    /// The range, refused if it was changed to one the buffer does not hold (the fields are
+    /// public).
+    fn checked_range(&self) -> Result<Range<u64>> {
+        let r = self.range.clone();
+        if r.start > r.end || r.end > self.buffer.size() {
+            return Err(Error::invalid_argument(format!(
+                "the range {r:?} is not in the {}-byte buffer on {}",
+                self.buffer.size(),
+                self.device
+            )));
+        }
+        Ok(r)
     }
 
     /// Whether the range is empty.
@@ -78,7 +92,8 @@ impl BufferRange {
         if self.lost.is_lost() {
             return Err(self.lost.error(self.device));
         }
-        let (offset, size) = (self.range.start, self.len());
+        let range = self.checked_range()?;
+        let (offset, size) = (range.start, range.end - range.start);
         let (usage, align, max, names) = match kind {
             BindingKind::Storage => (
                 wgpu::BufferUsages::STORAGE,
@@ -120,13 +135,14 @@ impl BufferRange {
     /// The range as a slice (vertex or index buffers, `copy_buffer_to_buffer` through
     /// `slice.buffer()`); an empty range is an error.
     pub fn slice(&self) -> Result<wgpu::BufferSlice<'_>> {
-        if self.is_empty() {
+        let range = self.checked_range()?;
+        if range.is_empty() {
             return Err(Error::invalid_argument(format!(
                 "an empty buffer range on {} has no slice",
                 self.device
             )));
         }
-        Ok(self.buffer.slice(self.range.clone()))
+        Ok(self.buffer.slice(range))
     }
 }
 

@@ -14,15 +14,19 @@ use super::storage::{ceil4, WgpuBlock, WgpuStorage};
 use crate::bounce::Mode;
 use crate::error::Result;
 
-/// Unmaps a buffer when dropped.
-struct Unmap<'a> {
-    storage: &'a WgpuStorage,
-    buffer: &'a wgpu::Buffer,
+/// Unmaps a buffer when dropped, unless the map it guards failed (then the mapping state is
+/// not devalloc's: say, the app had mapped the buffer itself, and keeps its mapping).
+pub(crate) struct Unmap<'a> {
+    pub storage: &'a WgpuStorage,
+    pub buffer: &'a wgpu::Buffer,
+    pub armed: bool,
 }
 
 impl Drop for Unmap<'_> {
     fn drop(&mut self) {
-        self.storage.unmap(self.buffer);
+        if self.armed {
+            self.storage.unmap(self.buffer);
+        }
     }
 }
 
@@ -43,10 +47,18 @@ impl WgpuStorage {
         let mapped = self.map(&block.buffer, map_mode, range.clone())?;
         // Unmapped whatever happens, a future dropped half-way included: a buffer left mapped
         // could never be used by the GPU again.
-        let _unmap = Unmap { storage: self, buffer: &block.buffer };
+        // (Armed while the map is pending too: unmapping cancels a pending map.)
+        let mut unmap = Unmap { storage: self, buffer: &block.buffer, armed: true };
         // The wait polls the device, which fires the lost callback of a lost device; a map on
         // a lost device fails at once. So no poll up front: on failure, name the loss.
-        let waited = self.wait_mapped(mapped, None, mode).await;
+        let waited = match super::platform::wait(self, mapped, None, mode, false).await {
+            Ok(Err(e)) => {
+                // wgpu refused the map (say, the app had mapped the buffer): not ours to unmap.
+                unmap.armed = false;
+                Err(self.backend_error("mapping a buffer", e))
+            }
+            other => other.map(drop),
+        };
         self.or_lost(waited)?;
         let at = (offset - range.start) as usize;
         let r = f(&block.buffer, range, at).map_err(|e| self.backend_error("mapping a device buffer", e));

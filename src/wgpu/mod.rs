@@ -12,6 +12,7 @@
 
 mod belt;
 mod binding;
+mod copy;
 mod direct;
 mod lost;
 mod options;
@@ -242,7 +243,7 @@ impl PooledAllocator<WgpuStorage> {
         let pool = self.pool(index)?;
         let r = pool.block_at(ptr, 0)?;
         let len = r.block.buffer.size();
-        crate::bounce::run_blocking(pool.storage().clear(&r.block, 0, len))
+        crate::bounce::run_blocking(pool.storage().clear(&r.block, 0, len, crate::bounce::Mode::Blocking))
     }
 
     /// Waits until the GPU has finished all work submitted to device `index` (blocking; in
@@ -289,10 +290,14 @@ impl PooledAllocator<WgpuStorage> {
         }
         s.check_lost()?;
         let mapped = s.map(buffer, mode, range)?;
+        // Until the map resolves, giving up (or being dropped) cancels it: a map left pending
+        // would map the app's buffer behind its back later.
+        let mut pending = direct::Unmap { storage: s, buffer, armed: true };
         // A buffer of another device would never map here (only that device's polls complete
         // its map): give up once this device is idle.
-        let r = platform::wait(s, mapped, None, Mode::Async, true).await?;
-        r.map_err(|e| s.backend_error("mapping a buffer", e))
+        let r = platform::wait(s, mapped, None, Mode::Async, true).await;
+        pending.armed = r.is_err();
+        r?.map_err(|e| s.backend_error("mapping a buffer", e))
     }
 
     /// Bytes of the largest allocation device `index` can make.

@@ -1,7 +1,8 @@
 //! [`WgpuStorage`]: wgpu buffers of one device as a [`Storage`] for the generic pool.
 //!
-//! The copies themselves live in `belt.rs` (staged) and `direct.rs` (mapped buffers); every
-//! wait goes through the platform seam, and every wgpu call through `scope.rs`.
+//! The copies themselves live in `belt.rs` (staged), `direct.rs` (mapped buffers) and
+//! `copy.rs` (between blocks); every wait goes through the platform seam, and every wgpu call
+//! through `scope.rs`.
 #![deny(unsafe_code)]
 
 use std::sync::Arc;
@@ -221,6 +222,9 @@ impl WgpuStorage {
     /// `r`, or [`crate::Error::DeviceLost`] when it failed because the device is lost.
     pub(crate) fn or_lost<T>(&self, r: Result<T>) -> Result<T> {
         if r.is_err() {
+            // A poll on another thread may have failed this call (a destroyed device's buffers
+            // go first) and be about to run the lost callback: let it finish.
+            platform::finish_polls();
             self.check_lost()?;
         }
         r
@@ -234,7 +238,13 @@ impl WgpuStorage {
 
     /// Writes `src` at `offset` of `block` by the device's route. (The direct route's map
     /// polls anyway, and reports a loss through it; the staged route polls first.)
-    async fn write_with(&self, block: &WgpuBlock, offset: u64, src: &[u8], mode: Mode) -> Result<()> {
+    pub(crate) async fn write_with(
+        &self,
+        block: &WgpuBlock,
+        offset: u64,
+        src: &[u8],
+        mode: Mode,
+    ) -> Result<()> {
         match self.route {
             Route::Direct => self.write_direct(block, offset, src, mode).await,
             Route::Staged => {
@@ -261,65 +271,6 @@ impl WgpuStorage {
             Route::Staged => self.read_staged(block, offset, dst, mode).await,
         };
         self.or_lost(r)
-    }
-
-    /// Copies `len` bytes between blocks: on the GPU when the ranges are whole words, else
-    /// through the host.
-    async fn copy_with(
-        &self,
-        src: &WgpuBlock,
-        so: u64,
-        dst: &WgpuBlock,
-        d_o: u64,
-        len: u64,
-        mode: Mode,
-    ) -> Result<()> {
-        if aligned(so, len) && aligned(d_o, 0) {
-            return self.copy_aligned(src, so, dst, d_o, len).await;
-        }
-        let mut tmp = vec![0u8; len as usize];
-        self.read_with(src, so, &mut tmp, mode).await?;
-        self.write_with(dst, d_o, &tmp, mode).await
-    }
-
-    /// A GPU copy of whole words between blocks (through a temporary within one buffer, which
-    /// wgpu refuses), ordered before every later operation.
-    pub(crate) async fn copy_aligned(
-        &self,
-        src: &WgpuBlock,
-        so: u64,
-        dst: &WgpuBlock,
-        d_o: u64,
-        len: u64,
-    ) -> Result<()> {
-        self.check_lost()?;
-        let same = std::ptr::eq(src, dst);
-        // Keep the buffers from being mapped while the copy is queued; lock in address order
-        // so that two opposite copies cannot deadlock.
-        let (first, second) =
-            if (src as *const WgpuBlock) < (dst as *const WgpuBlock) { (src, dst) } else { (dst, src) };
-        let _g1 = first.lock.lock().await;
-        let _g2 = if same { None } else { Some(second.lock.lock().await) };
-        if same {
-            let usage = wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
-            let tmp = self.create("devalloc d2d temporary", len, usage, false)?;
-            self.submit("devalloc d2d", |enc| {
-                enc.copy_buffer_to_buffer(&src.buffer, so, &tmp, 0, len);
-                enc.copy_buffer_to_buffer(&tmp, 0, &dst.buffer, d_o, len);
-            })?;
-        } else {
-            self.submit("devalloc d2d", |enc| {
-                enc.copy_buffer_to_buffer(&src.buffer, so, &dst.buffer, d_o, len)
-            })?;
-        }
-        Ok(())
-    }
-
-    /// Clears `len` bytes at `offset` (both multiples of 4) to zero on the GPU.
-    pub(crate) async fn clear(&self, block: &WgpuBlock, offset: u64, len: u64) -> Result<()> {
-        self.check_lost()?;
-        let _guard = block.lock.lock().await;
-        self.submit("devalloc clear", |enc| enc.clear_buffer(&block.buffer, offset, Some(len))).map(drop)
     }
 }
 

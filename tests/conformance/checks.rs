@@ -241,6 +241,18 @@ pub async fn device_to_device(a: &'static dyn DeviceAllocator, i: DeviceIndex) {
     let mut m2 = data.clone();
     m2.copy_within(0..5000, 10);
     assert!(read(a, src, n, i).await == m2, "overlapping d2d");
+    // Overlapping, ragged and longer than a host bounce chunk (4 MiB), both ways: as memmove.
+    let big = if cfg!(miri) { 20_000 } else { 9 << 20 };
+    let b = a.allocate(big, i, DEFAULT_ALIGNMENT).unwrap();
+    let mut model = pattern(big, 12);
+    h2d(a, b, &model, i).await.unwrap();
+    let len = big - 4099;
+    for (from, to) in [(1usize, 4098usize), (4097, 2)] {
+        d2d(a, b.offset(to).unwrap(), i, b.offset(from).unwrap(), i, len).await.unwrap();
+        model.copy_within(from..from + len, to);
+        assert!(read(a, b, big, i).await == model, "overlapping ragged d2d of {len} bytes, {from} -> {to}");
+    }
+    a.deallocate(b, i).unwrap();
     // Out of bounds and 0 bytes.
     let e = d2d(a, dst.offset(n - 4).unwrap(), i, src, i, 5).await.unwrap_err();
     assert!(matches!(e, Error::OutOfBounds { .. }), "{e}");

@@ -4,7 +4,7 @@ use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, Weak};
 use std::task::{Context, Poll, Waker};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -27,12 +27,25 @@ pub(crate) fn blocking_allowed(_s: &WgpuStorage, _what: MustWait) -> Result<()> 
     Ok(())
 }
 
+/// Held (shared) by every short poll devalloc makes: the polling thread's and `poll_now`'s.
+/// A poll fires the callbacks wgpu made ready only after it has already released the device's
+/// buffers; [`finish_polls`] waits out such a poll, so that a failure it caused can be told
+/// apart from a loss it is about to report.
+static POLLS: RwLock<()> = RwLock::new(());
+
 /// Polls without blocking; false when wgpu panicked (a driver-level loss).
 pub(crate) fn poll_now(device: &wgpu::Device) -> bool {
+    let _polling = POLLS.read().unwrap_or_else(|e| e.into_inner());
     catch_unwind(AssertUnwindSafe(|| {
         let _ = device.poll(wgpu::PollType::Poll);
     }))
     .is_ok()
+}
+
+/// Returns once no short poll of devalloc's is half-way (at most one poll slice): its
+/// callbacks, a lost callback included, have run.
+pub(crate) fn finish_polls() {
+    drop(POLLS.write().unwrap_or_else(|e| e.into_inner()));
 }
 
 /// The verdict of an error scope: on native (wgpu-core) the future is ready at once.
@@ -219,7 +232,11 @@ fn poll_loop(shared: &PollerShared) {
             }
         }
         let wait = wgpu::PollType::Wait { submission_index: None, timeout: Some(POLL_SLICE) };
-        match catch_unwind(AssertUnwindSafe(|| shared.device.poll(wait))) {
+        let polled = {
+            let _polling = POLLS.read().unwrap_or_else(|e| e.into_inner());
+            catch_unwind(AssertUnwindSafe(|| shared.device.poll(wait)))
+        };
+        match polled {
             Err(_) => shared.lost.mark(None, "polling the device panicked (a driver-level loss)"),
             Ok(Ok(wgpu::PollStatus::QueueEmpty)) => {
                 shared.idle_polls.fetch_add(1, Ordering::Relaxed);

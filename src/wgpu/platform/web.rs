@@ -34,6 +34,9 @@ pub(crate) fn poll_now(device: &wgpu::Device) -> bool {
     true
 }
 
+/// Nothing to wait for: the browser's callbacks run on this thread, between tasks.
+pub(crate) fn finish_polls() {}
+
 /// The verdict of an error scope arrives later in the browser, and nothing may wait for it:
 /// what it catches is logged.
 pub(crate) fn settle(
