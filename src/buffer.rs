@@ -191,7 +191,15 @@ impl<'a> DeviceMemoryBuffer<'a> {
                 self.size, elem
             )));
         }
-        Ok(vec![T::zeroed(); self.size / elem])
+        let n = self.size / elem;
+        let mut v = Vec::new();
+        v.try_reserve_exact(n).map_err(|e| Error::OutOfMemory {
+            requested: self.size as u64,
+            device: Device::new(DeviceType::Cpu, 0),
+            detail: format!("a host vector for the buffer's {} bytes: {e}", self.size),
+        })?;
+        v.resize(n, T::zeroed());
+        Ok(v)
     }
 
     /// Gives up ownership: returns the pointer and size; the caller must deallocate them.

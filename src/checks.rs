@@ -17,8 +17,8 @@ pub(crate) fn check_alignment(alignment: usize) -> Result<()> {
 }
 
 /// Checks an allocation request: non-zero size, power-of-two alignment, and a size whose
-/// rounding up to the alignment does not overflow `usize` (so that the same request fails on
-/// 32-bit wasm and on 64-bit hosts alike). Returns the size as `u64`.
+/// rounding up to the alignment does not overflow `usize` (so that no later step can wrap it:
+/// on 32-bit wasm that refuses some requests a 64-bit host takes). Returns the size as `u64`.
 pub(crate) fn check_request(nbytes: usize, alignment: usize, device: Device) -> Result<u64> {
     check_alignment(alignment)?;
     if nbytes == 0 {

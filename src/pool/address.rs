@@ -25,7 +25,8 @@
 //! addresses in it.
 //!
 //! So: no range is handed out again within 2^32 frees, unless more than the whole window
-//! (8 PiB, less what is live) has been freed meanwhile; with allocations of 2 MiB or less that
+//! (8 PiB, less what is live) has been freed meanwhile; with allocations of 2 MiB - 512 bytes
+//! or less (each span takes its size rounded up to 256 bytes, plus a 256-byte guard) that
 //! takes more than 2^32 frees anyway. No 64-bit scheme can promise more for every size: 2^32
 //! frees of 2^40 bytes need 2^72 bytes of distinct addresses.
 #![deny(unsafe_code)]
@@ -130,7 +131,8 @@ impl AddressWindow {
 
     /// Reserves addresses for `size` bytes aligned to `alignment`.
     pub fn reserve(&mut self, size: u64, alignment: u64) -> Result<Span, Refused> {
-        let max = self.end - self.start - 2 * GUARD;
+        // The largest size whose span (rounded to the guard, plus the guard) fits an empty window.
+        let max = self.end - self.start - GUARD;
         let need = round_up(size, GUARD).and_then(|n| n.checked_add(GUARD));
         // The request must fit an empty window, at its first aligned address.
         let first_end = round_up(self.start, alignment).and_then(|b| b.checked_add(need?));

@@ -174,7 +174,17 @@ impl<S: Storage> Pool<S> {
         let (capacity, alignment, params) = (plan.key.capacity, plan.key.alignment, &plan.key.params);
         match self.storage.alloc(capacity, alignment, params, label) {
             Err(Error::OutOfMemory { .. }) => {
-                let freed = self.empty_cache();
+                // Noted as an eviction (a user's `empty_cache` is its own event), if any.
+                let (freed, blocks) = {
+                    let mut state = lock(&self.state);
+                    let bytes = state.cache.bytes();
+                    let blocks = Self::take_cache(&mut state);
+                    if bytes > 0 {
+                        self.note(|| EventKind::Evict { bytes });
+                    }
+                    (bytes, blocks)
+                };
+                drop(blocks);
                 log::debug!(
                     "devalloc: {} out of memory; emptied {freed} cached bytes and retrying",
                     self.device
