@@ -214,7 +214,9 @@ impl PooledAllocator<WgpuStorage> {
 
     /// Allocates as `request` says: usage, label (which reaches wgpu, so its messages name
     /// the buffer), alignment, zeroing. Buffers are cached by usage and label too, so a reused
-    /// buffer never carries another allocation's label.
+    /// buffer never carries another allocation's label. If clearing a zeroed allocation fails
+    /// (the device was lost meanwhile), the allocation is freed again before the error
+    /// returns: the stats then count one allocation and one free.
     pub fn allocate_with(&self, index: DeviceIndex, request: &BufferRequest<'_>) -> Result<DevicePtr> {
         let pool = self.pool(index)?;
         let mapping = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::MAP_WRITE;

@@ -55,7 +55,9 @@ pub struct WgpuOptions {
     /// hand back one already set, so devalloc, which needs the callback to notice a loss, takes
     /// it: an app that adopts its device must not set the device's lost callback itself
     /// afterwards (that would blind devalloc), and gives its own here instead. On native it
-    /// may run on devalloc's polling thread: it must not call back into devalloc.
+    /// may run on devalloc's polling thread: it must not call back into devalloc, and a panic
+    /// in it (or in a map callback of the app's that a devalloc poll runs) is caught there and
+    /// taken as a driver-level loss of the device.
     pub on_device_lost: Option<DeviceLostHandler>,
 }
 

@@ -56,7 +56,7 @@ where
     let alloc: &'static dyn DeviceAllocator = match make().await {
         Ok(a) => Box::leak(a),
         Err(why) => {
-            // scripts/gpu-check sets DEVALLOC_REQUIRE_ALL=1: there, every allocator must exist.
+            // scripts/gpu/run (the GPU bundle) sets DEVALLOC_REQUIRE_ALL=1: there, every allocator must exist.
             let require_all = std::env::var("DEVALLOC_REQUIRE_ALL").is_ok_and(|v| v == "1");
             if need == Need::Always || (need == Need::InCi && in_ci()) || require_all {
                 panic!("{name}: no allocator on this machine, and it is required here: {why}");

@@ -137,7 +137,9 @@ const POLL_SLICE: Duration = Duration::from_millis(2);
 
 struct PollerState {
     watchers: usize,
-    wakers: Vec<Waker>,
+    /// The waker of each wait in progress, by its number: removed when the wait ends, so the
+    /// list stays as long as the waits in flight.
+    wakers: Vec<(u64, Waker)>,
     /// Waiters that give up once the device has been idle twice without their callback.
     idle_wakers: Vec<Waker>,
     stop: bool,
@@ -173,14 +175,16 @@ impl Waiter {
         Waiter { shared: Arc::new(shared), thread: Mutex::new(None) }
     }
 
-    fn watch(&self, waker: &Waker, first: bool, on_idle: bool) {
+    fn watch(&self, id: u64, waker: &Waker, first: bool, on_idle: bool) {
         {
             let mut st = lock(&self.shared.state);
             if first {
                 st.watchers += 1;
             }
-            if !st.wakers.iter().any(|w| w.will_wake(waker)) {
-                st.wakers.push(waker.clone());
+            match st.wakers.iter_mut().find(|(i, _)| *i == id) {
+                Some((_, w)) if w.will_wake(waker) => {}
+                Some((_, w)) => *w = waker.clone(),
+                None => st.wakers.push((id, waker.clone())),
             }
             if on_idle && !st.idle_wakers.iter().any(|w| w.will_wake(waker)) {
                 st.idle_wakers.push(waker.clone());
@@ -201,12 +205,10 @@ impl Waiter {
         }
     }
 
-    fn unwatch(&self) {
+    fn unwatch(&self, id: u64) {
         let mut st = lock(&self.shared.state);
         st.watchers -= 1;
-        if st.watchers == 0 {
-            st.wakers.clear();
-        }
+        st.wakers.retain(|(i, _)| *i != id);
     }
 }
 
@@ -252,10 +254,13 @@ fn poll_loop(shared: &PollerShared) {
         }
         if shared.lost.is_lost() {
             let wakers = std::mem::take(&mut lock(&shared.state).wakers);
-            wakers.into_iter().for_each(Waker::wake);
+            wakers.into_iter().for_each(|(_, w)| w.wake());
         }
     }
 }
+
+/// Waits made so far (each takes the next number).
+static WAITS: AtomicU64 = AtomicU64::new(0);
 
 /// How a wait ended without its value.
 enum Ended {
@@ -268,6 +273,8 @@ enum Ended {
 /// A wait for a callback's value, woken by the callback, or by the polling thread on a loss
 /// (and, with `idle_gives_up`, when the device is idle).
 struct Waiting<'a, T> {
+    /// This wait's number, for its entry in the waker list.
+    id: u64,
     rx: oneshot::Receiver<T>,
     waiter: &'a Waiter,
     watching: bool,
@@ -293,7 +300,7 @@ impl<T> Future for Waiting<'_, T> {
         }
         let first = !self.watching;
         self.watching = true;
-        self.waiter.watch(cx.waker(), first, self.idle_gives_up);
+        self.waiter.watch(self.id, cx.waker(), first, self.idle_gives_up);
         Poll::Pending
     }
 }
@@ -301,7 +308,7 @@ impl<T> Future for Waiting<'_, T> {
 impl<T> Drop for Waiting<'_, T> {
     fn drop(&mut self) {
         if self.watching {
-            self.waiter.unwatch();
+            self.waiter.unwatch(self.id);
         }
     }
 }
@@ -320,7 +327,8 @@ pub(crate) async fn wait<T>(
 ) -> Result<T> {
     let got = match mode {
         Mode::Async => {
-            Waiting { rx, waiter: &s.waiter, watching: false, idle_gives_up, idle_at_start: 0 }.await
+            let id = WAITS.fetch_add(1, Ordering::Relaxed);
+            Waiting { id, rx, waiter: &s.waiter, watching: false, idle_gives_up, idle_at_start: 0 }.await
         }
         Mode::Blocking => {
             let mut idle = 0;
