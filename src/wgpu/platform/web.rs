@@ -113,7 +113,7 @@ pub(crate) async fn wait<T>(
     mut rx: oneshot::Receiver<T>,
     _index: Option<wgpu::SubmissionIndex>,
     mode: Mode,
-    _idle_gives_up: bool,
+    idle_gives_up: bool,
 ) -> Result<T> {
     if mode == Mode::Blocking {
         return Err(Error::backend(s.id, "a blocking wait was attempted in the browser"));
@@ -121,13 +121,25 @@ pub(crate) async fn wait<T>(
     let got = if !s.waiter.polls {
         rx.await.ok()
     } else {
+        // As on native: a callback of another device's buffer never comes from this device's
+        // polls, so with `idle_gives_up` the wait ends once this device has been idle twice.
+        let mut idle = 0;
         loop {
-            poll_now(&s.device);
+            let empty = matches!(s.device.poll(wgpu::PollType::Poll), Ok(wgpu::PollStatus::QueueEmpty));
             match rx.try_recv() {
                 Ok(Some(v)) => break Some(v),
                 Err(oneshot::Canceled) => break None,
                 Ok(None) if s.lost.is_lost() => break None,
-                Ok(None) => yield_to_browser().await,
+                Ok(None) if idle_gives_up && idle >= 2 => {
+                    return Err(Error::invalid_argument(format!(
+                        "the buffer never mapped although {} is idle: it belongs to another device (or the app keeps it mapped)",
+                        s.id
+                    )))
+                }
+                Ok(None) => {
+                    idle += usize::from(empty);
+                    yield_to_browser().await
+                }
             }
         }
     };
