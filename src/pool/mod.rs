@@ -360,6 +360,11 @@ impl<S: Storage> Drop for Pool<S> {
                 base,
                 l.label.as_deref().unwrap_or("unlabelled")
             );
+            // The window may outlive this pool (other pools of the device share it): its
+            // ranges go back, quarantined like any free.
+            if let (Some(w), Some(span)) = (state.window.as_ref(), l.span) {
+                lock(w).release(span);
+            }
         }
     }
 }
