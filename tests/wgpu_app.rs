@@ -130,6 +130,57 @@ fn synchronize_as_the_first_call_after_destroy_is_device_lost() {
     }
 }
 
+/// Small staged uploads skip the poll other calls make up front (they notice a loss through
+/// wgpu's refusal instead): as the very first call after `destroy()`, on both routes, with and
+/// without work still queued, they must still say DeviceLost, and the app hear of it once.
+#[test]
+fn an_upload_as_the_first_call_after_destroy_is_device_lost() {
+    for backend in BACKENDS {
+        for route in [Route::Staged, Route::Direct] {
+            for (size, queued) in [(4usize, false), (4096, true), (64 << 10, false), (3 << 20, true)] {
+                let Some((device, queue)) = app_device(backend) else { continue };
+                let (fired, fired_count) = counter();
+                let on_lost: devalloc::DeviceLostHandler = Arc::new(move |_, _: &str| {
+                    fired.fetch_add(1, Ordering::SeqCst);
+                });
+                let options = WgpuOptions {
+                    route: Some(route),
+                    on_device_lost: Some(on_lost),
+                    ..WgpuOptions::default()
+                };
+                let Ok(a) = WgpuAllocator::from_device_with(device.clone(), queue.clone(), options) else {
+                    assert_eq!(route, Route::Direct, "{backend:?}: the staged route is always there");
+                    continue;
+                };
+                let p = a.allocate(size, 0, DEFAULT_ALIGNMENT).unwrap();
+                if queued {
+                    // The app's own work, still in the queue when it destroys the device.
+                    let b = device.create_buffer(&wgpu::BufferDescriptor {
+                        label: Some("app work"),
+                        size: 1 << 20,
+                        usage: wgpu::BufferUsages::COPY_DST,
+                        mapped_at_creation: false,
+                    });
+                    let mut enc = device.create_command_encoder(&Default::default());
+                    enc.clear_buffer(&b, 0, None);
+                    queue.submit([enc.finish()]);
+                }
+                device.destroy();
+                let r = a.copy_host_to_device(p, &vec![7u8; size], 0);
+                let what = format!("{backend:?} {route:?} {size} bytes, work queued: {queued}");
+                assert!(matches!(r, Err(Error::DeviceLost { .. })), "{what}: {r:?}");
+                assert_eq!(
+                    fired_count(),
+                    1,
+                    "{what}: the app's on_device_lost fired {} times",
+                    fired_count()
+                );
+                a.deallocate(p, 0).unwrap();
+            }
+        }
+    }
+}
+
 #[test]
 fn a_refused_adoption_leaves_the_devices_lost_callback_to_the_app() {
     for backend in BACKENDS {

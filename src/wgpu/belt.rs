@@ -204,6 +204,58 @@ impl Belt {
 }
 
 impl WgpuStorage {
+    /// An upload through the queue's own staging (`queue.write_buffer`), which the next
+    /// submission carries.
+    ///
+    /// On native it goes through `write_buffer_with`, which returns `None` on a destroyed or
+    /// lost device (wgpu checks the device first, and keeps device-lost errors out of its error
+    /// handlers): that is how a small upload notices a loss without the poll every other call
+    /// makes up front, which on GL takes the context lock and costs more than a 4 KiB upload's
+    /// own work. In the browser `write_buffer` copies straight out of wasm memory, and the
+    /// device's `lost` promise reports a loss: it polls first as every call does.
+    fn upload_small(
+        &self,
+        dst: &wgpu::Buffer,
+        at: u64,
+        parts: &[&[u8]],
+        size: wgpu::BufferSize,
+    ) -> Result<()> {
+        let total = size.get();
+        if platform::WRITE_FROM_SLICE {
+            self.check_lost()?;
+        }
+        let written = self.scoped("devalloc small upload", total, Raises::Validation, || match parts {
+            [whole] if platform::WRITE_FROM_SLICE => {
+                self.queue.write_buffer(dst, at, whole);
+                true
+            }
+            _ => {
+                let Some(mut view) = self.queue.write_buffer_with(dst, at, size) else {
+                    return false;
+                };
+                let mut filled = 0;
+                for p in parts {
+                    view.slice(filled..filled + p.len()).copy_from_slice(p);
+                    filled += p.len();
+                }
+                true
+            }
+        })?;
+        if !written {
+            // A device that is invalid now reports its loss once its queue is done.
+            return Err(self.settle_loss().unwrap_or_else(|| {
+                self.backend_error("small upload", "wgpu refused the write (out of memory for its staging?)")
+            }));
+        }
+        let belt = &self.belt;
+        let before = belt.pending_small.fetch_add(total, Ordering::Relaxed);
+        if before + total >= FLUSH_PENDING {
+            belt.pending_small.store(0, Ordering::Relaxed);
+            self.queue.submit([]);
+        }
+        Ok(())
+    }
+
     /// Uploads the bytes of `parts` (concatenated, whole words) to `dst[at..]`: small ones
     /// through the queue, large ones through the belt.
     pub(crate) async fn upload_aligned(
@@ -218,36 +270,11 @@ impl WgpuStorage {
         let Some(size) = wgpu::BufferSize::new(total) else { return Ok(()) };
         let belt = &self.belt;
         if total <= belt.small_upload {
-            let written =
-                self.scoped("devalloc small upload", total, Raises::Validation, || match parts {
-                    // One slice: hand it to the queue as it is (in the browser this skips a copy
-                    // through wasm memory).
-                    [whole] => {
-                        self.queue.write_buffer(dst, at, whole);
-                        true
-                    }
-                    _ => {
-                        let Some(mut view) = self.queue.write_buffer_with(dst, at, size) else {
-                            return false;
-                        };
-                        let mut filled = 0;
-                        for p in parts {
-                            view.slice(filled..filled + p.len()).copy_from_slice(p);
-                            filled += p.len();
-                        }
-                        true
-                    }
-                })?;
-            if !written {
-                return Err(self.backend_error("small upload", "wgpu refused the write"));
-            }
-            let before = belt.pending_small.fetch_add(total, Ordering::Relaxed);
-            if before + total >= FLUSH_PENDING {
-                belt.pending_small.store(0, Ordering::Relaxed);
-                self.queue.submit([]);
-            }
-            return Ok(());
+            return self.upload_small(dst, at, parts, size);
         }
+        // The chunks below do not wait, and on a destroyed device wgpu drops them silently:
+        // poll first, so that a loss is reported (small uploads notice one themselves).
+        self.check_lost()?;
         let mut src = Pieces::new(parts);
         let mut done = 0;
         while done < total {

@@ -237,7 +237,8 @@ impl WgpuStorage {
     }
 
     /// Writes `src` at `offset` of `block` by the device's route. (The direct route's map
-    /// polls anyway, and reports a loss through it; the staged route polls first.)
+    /// polls anyway, and reports a loss through it; the staged route's uploads notice a loss
+    /// as `upload_aligned` says.)
     pub(crate) async fn write_with(
         &self,
         block: &WgpuBlock,
@@ -248,11 +249,20 @@ impl WgpuStorage {
         match self.route {
             Route::Direct => self.write_direct(block, offset, src, mode).await,
             Route::Staged => {
-                self.check_lost()?;
                 let r = self.write_staged(block, offset, src, mode).await;
                 self.or_lost(r)
             }
         }
+    }
+
+    /// After wgpu refused work because the device is no longer valid (destroyed or lost):
+    /// waits briefly for wgpu to report the loss, and returns it.
+    pub(crate) fn settle_loss(&self) -> Option<crate::Error> {
+        if !self.lost.is_lost() {
+            platform::finish_polls();
+            platform::poll_until_idle(&self.device);
+        }
+        self.lost.is_lost().then(|| self.lost.error(self.id))
     }
 
     /// Reads `dst.len()` bytes at `offset` of `block` by the device's route.

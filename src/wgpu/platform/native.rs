@@ -42,6 +42,17 @@ pub(crate) fn poll_now(device: &wgpu::Device) -> bool {
     .is_ok()
 }
 
+/// Polls until the queue is empty (at most a second): what a device destroyed by the app needs
+/// before wgpu fires its lost callback. False when wgpu panicked.
+pub(crate) fn poll_until_idle(device: &wgpu::Device) -> bool {
+    let _polling = POLLS.read().unwrap_or_else(|e| e.into_inner());
+    let wait = wgpu::PollType::Wait { submission_index: None, timeout: Some(Duration::from_secs(1)) };
+    catch_unwind(AssertUnwindSafe(|| {
+        let _ = device.poll(wait);
+    }))
+    .is_ok()
+}
+
 /// Returns once no short poll of devalloc's is half-way (at most one poll slice): its
 /// callbacks, a lost callback included, have run.
 pub(crate) fn finish_polls() {
@@ -370,6 +381,10 @@ pub(crate) const CAN_BLOCK: bool = true;
 pub(crate) fn open_blocking<T>(open: impl Future<Output = Result<T>>) -> Result<T> {
     pollster::block_on(open)
 }
+
+/// Whether a small upload hands its slice to `queue.write_buffer` as it is (and polls for a
+/// loss first), rather than filling `write_buffer_with`'s view, whose `None` reports a loss.
+pub(crate) const WRITE_FROM_SLICE: bool = false;
 
 /// Whether work devalloc checked up front (copies) still runs inside an error scope. On native a scope costs a few hundred ns: every call gets one.
 pub(crate) const SCOPE_CHECKED_WORK: bool = true;

@@ -34,6 +34,11 @@ pub(crate) fn poll_now(device: &wgpu::Device) -> bool {
     true
 }
 
+/// Nothing can wait in the browser: one poll (the device's `lost` promise reports a loss).
+pub(crate) fn poll_until_idle(device: &wgpu::Device) -> bool {
+    poll_now(device)
+}
+
 /// Nothing to wait for: the browser's callbacks run on this thread, between tasks.
 pub(crate) fn finish_polls() {}
 
@@ -178,6 +183,11 @@ pub(crate) fn open_blocking<T>(_open: impl Future<Output = Result<T>>) -> Result
         reason: "in the browser an adapter can only be opened asynchronously: use WgpuAllocator::new_async(...).await".into(),
     })
 }
+
+/// Whether a small upload hands its slice to `queue.write_buffer` as it is: in the browser
+/// that copies straight out of wasm memory, where a `write_buffer_with` view would be filled
+/// and copied again.
+pub(crate) const WRITE_FROM_SLICE: bool = true;
 
 /// Whether work devalloc checked up front (copies) still runs inside an error scope. In the browser a scope is a round trip into JS: copies devalloc checked up front run without.
 pub(crate) const SCOPE_CHECKED_WORK: bool = false;
