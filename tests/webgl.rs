@@ -1,0 +1,86 @@
+//! The conformance suite in the browser on WebGL2 (wgpu's GL backend compiled to wasm32, in
+//! headless Chromium through wasm-bindgen-test): the demo page's fallback where there is no
+//! WebGPU. There wgpu fires callbacks only from `device.poll`, and a fence is signalled only
+//! between browser tasks: every devalloc wait polls and yields to the browser. Plus the
+//! sequence the page's bench runs: a read after the app's own `StagingBelt` upload.
+//!
+//!     CHROMEDRIVER=/usr/bin/chromedriver cargo test --target wasm32-unknown-unknown --features webgl --test webgl
+#![cfg(all(target_arch = "wasm32", feature = "webgl"))]
+
+#[macro_use]
+mod conformance;
+
+use devalloc::{DeviceAllocator, PoolConfig, WgpuAllocator, WgpuOptions, DEFAULT_ALIGNMENT};
+use wasm_bindgen_test::wasm_bindgen_test;
+
+wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
+
+fn webgl() -> conformance::Made {
+    Box::pin(async {
+        WgpuAllocator::new_async(wgpu::Backend::Gl, WgpuOptions::default())
+            .await
+            .map(|a| Box::new(a) as Box<dyn DeviceAllocator>)
+            .map_err(|e| format!("no WebGL2 adapter in this browser: {e}"))
+    })
+}
+
+/// Under a 64 KiB memory limit, for the hostile model check.
+fn webgl_tiny() -> conformance::Made {
+    Box::pin(async {
+        let pool = PoolConfig { caching: true, memory_limit: Some(64 << 10), ..PoolConfig::default() };
+        WgpuAllocator::new_async(wgpu::Backend::Gl, WgpuOptions { pool, ..Default::default() })
+            .await
+            .map(|a| Box::new(a) as Box<dyn DeviceAllocator>)
+            .map_err(|e| e.to_string())
+    })
+}
+
+/// Headless Chromium always offers WebGL2 (on SwiftShader): a missing adapter fails.
+mod webgl {
+    use super::*;
+    conformance_tests!(webgl, conformance::Need::Always);
+
+    #[wasm_bindgen_test]
+    async fn model_check() {
+        conformance::model::model_check_seeded(webgl, 4).await;
+    }
+
+    #[wasm_bindgen_test]
+    async fn model_check_tiny() {
+        conformance::model::model_check_seeded(webgl_tiny, 4).await;
+    }
+}
+
+/// The app's own upload through a `wgpu::util::StagingBelt` (its chunks then mapped again by
+/// `recall`, callbacks that only a poll fires), then devalloc's reads, small and large: each
+/// must come back, and hold what was written.
+#[wasm_bindgen_test]
+async fn reads_after_the_apps_own_staging_belt_upload() {
+    let a = WgpuAllocator::new_async(wgpu::Backend::Gl, WgpuOptions::default()).await.unwrap();
+    let device = a.device(0).unwrap().clone();
+    let queue = a.queue(0).unwrap().clone();
+    for n in [4u64, 4096, 64 << 10, 3 << 20] {
+        let data: Vec<u8> = (0..n as usize).map(|i| (i * 7 + i / 4096) as u8).collect();
+        let p = a.allocate(n as usize, 0, DEFAULT_ALIGNMENT).unwrap();
+        a.copy_host_to_device_async(p, &data, 0).await.unwrap();
+        let app = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("the app's buffer"),
+            size: n,
+            usage: wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        let mut belt = wgpu::util::StagingBelt::new(device.clone(), 1 << 20);
+        for _ in 0..3 {
+            let mut enc = device.create_command_encoder(&Default::default());
+            belt.write_buffer(&mut enc, &app, 0, wgpu::BufferSize::new(n).unwrap()).copy_from_slice(&data);
+            belt.finish();
+            queue.submit([enc.finish()]);
+            belt.recall();
+            let mut back = vec![0u8; n as usize];
+            a.copy_device_to_host_async(&mut back, p, 0).await.unwrap();
+            assert!(back == data, "{n} bytes read back wrong after the app's belt upload");
+        }
+        a.synchronize_async(0).await.unwrap();
+        a.deallocate(p, 0).unwrap();
+    }
+}
