@@ -73,6 +73,8 @@ impl Drop for Staging {
 struct Remapping {
     staging: Staging,
     mapped: oneshot::Receiver<MapResult>,
+    /// The map had completed when it was asked for (its result is already taken).
+    ready: bool,
     index: wgpu::SubmissionIndex,
 }
 
@@ -89,9 +91,10 @@ pub(crate) struct Belt {
     pub chunk: u64,
     small: u64,
     small_upload: u64,
-    /// Small uploads go through `queue.write_buffer` from the caller's slice (see
-    /// `platform::write_from_slice`).
-    from_slice: bool,
+    /// wgpu-core runs the device (native, and WebGL2 in the browser): it refuses work on a
+    /// device that is no longer valid at once, which is how uploads notice a loss without a
+    /// poll (see `platform::wgpu_core_inside`).
+    core: bool,
     /// Downloads up to this size get a staging buffer of their own (see
     /// `platform::fresh_download_staging`).
     fresh_downloads: u64,
@@ -108,7 +111,7 @@ impl Belt {
             chunk,
             small: SMALL_DOWNLOAD.min(max_buffer),
             small_upload,
-            from_slice: platform::write_from_slice(info),
+            core: platform::wgpu_core_inside(info),
             fresh_downloads: platform::fresh_download_staging(info),
             budget: budget.unwrap_or(8 * chunk),
             bytes: Arc::default(),
@@ -142,19 +145,17 @@ impl Belt {
     /// A mapped upload buffer: a re-mapped one, a new one within the budget, or (past it) the
     /// oldest in flight once it is back.
     async fn take_upload(&self, s: &WgpuStorage, mode: Mode) -> Result<Staging> {
-        let mut polled = false;
         loop {
             let front = lock(&self.kept).uploads.pop_front();
             let Some(mut r) = front else { break };
+            if r.ready {
+                return Ok(r.staging);
+            }
             match r.mapped.try_recv() {
                 Ok(Some(Ok(()))) => return Ok(r.staging),
                 Ok(Some(Err(_))) | Err(oneshot::Canceled) => continue, // dropped: not reusable
-                Ok(None) if !polled => {
-                    // Give map callbacks of earlier uploads a chance to run.
-                    polled = true;
-                    lock(&self.kept).uploads.push_front(r);
-                    platform::poll_now(&s.device);
-                }
+                // Not back yet (the callback comes from a poll: the app's, the polling
+                // thread's, or a wait's): a new buffer within the budget, else wait for it.
                 Ok(None) => {
                     let within = self.bytes() + self.chunk <= self.budget;
                     if within || (mode == Mode::Blocking && !CAN_BLOCK) {
@@ -170,14 +171,28 @@ impl Belt {
         self.make(s, "devalloc upload staging", self.chunk, usage, true)
     }
 
-    /// Maps an upload buffer again after its copy, or releases it past the budget.
-    fn recycle_upload(&self, s: &WgpuStorage, staging: Staging, index: wgpu::SubmissionIndex) {
+    /// Maps an upload buffer again after its copy, or releases it past the budget. `Some(false)`
+    /// when wgpu refused the map at once (wgpu-core does so on a device that is no longer
+    /// valid), `None` when it was not asked for.
+    fn recycle_upload(
+        &self,
+        s: &WgpuStorage,
+        staging: Staging,
+        index: wgpu::SubmissionIndex,
+    ) -> Option<bool> {
         if self.over_budget() {
-            return;
+            return None;
         }
-        if let Ok(mapped) = s.map(&staging.buffer, wgpu::MapMode::Write, 0..staging.buffer.size()) {
-            lock(&self.kept).uploads.push_back(Remapping { staging, mapped, index });
-        }
+        let Ok(mut mapped) = s.map(&staging.buffer, wgpu::MapMode::Write, 0..staging.buffer.size()) else {
+            return Some(false);
+        };
+        let ready = match mapped.try_recv() {
+            Ok(None) => false,
+            Ok(Some(Ok(()))) => true,
+            Ok(Some(Err(_))) | Err(oneshot::Canceled) => return Some(false),
+        };
+        lock(&self.kept).uploads.push_back(Remapping { staging, mapped, ready, index });
+        Some(true)
     }
 
     /// The size of the download buffer for `n` bytes: the power of two at or above it, within
@@ -233,11 +248,11 @@ impl WgpuStorage {
         size: wgpu::BufferSize,
     ) -> Result<()> {
         let total = size.get();
-        if self.belt.from_slice {
+        if !self.belt.core {
             self.check_lost()?;
         }
         let written = self.scoped("devalloc small upload", total, Raises::Validation, || match parts {
-            [whole] if self.belt.from_slice => {
+            [whole] if !self.belt.core => {
                 self.queue.write_buffer(dst, at, whole);
                 true
             }
@@ -284,11 +299,15 @@ impl WgpuStorage {
         if total <= belt.small_upload {
             return self.upload_small(dst, at, parts, size);
         }
-        // The chunks below do not wait, and on a destroyed device wgpu drops them silently:
-        // poll first, so that a loss is reported (small uploads notice one themselves).
-        self.check_lost()?;
+        // The chunks below do not wait, and on a destroyed device wgpu drops them silently. In
+        // the browser's WebGPU a loss is known from the device's `lost` promise: look first.
+        // Where wgpu-core runs, its refusal to map a staging buffer again says it (below).
+        if !self.belt.core {
+            self.check_lost()?;
+        }
         let mut src = Pieces::new(parts);
         let mut done = 0;
+        let mut remapped = None;
         while done < total {
             let n = (total - done).min(belt.chunk);
             let staging = belt.take_upload(self, mode).await?;
@@ -296,7 +315,10 @@ impl WgpuStorage {
                 let mut view = staging
                     .buffer
                     .get_mapped_range_mut(0..n)
-                    .map_err(|e| self.backend_error("upload staging", e))?;
+                    // A buffer made on a device that is no longer valid is invalid itself.
+                    .map_err(|e| {
+                        self.settle_loss().unwrap_or_else(|| self.backend_error("upload staging", e))
+                    })?;
                 let mut filled = 0usize;
                 while (filled as u64) < n {
                     let piece = src.next_piece((n as usize) - filled);
@@ -308,10 +330,18 @@ impl WgpuStorage {
             let index = self.submit("devalloc upload", |enc| {
                 enc.copy_buffer_to_buffer(&staging.buffer, 0, dst, at + done, n)
             })?;
-            belt.recycle_upload(self, staging, index);
+            remapped = belt.recycle_upload(self, staging, index);
             done += n;
         }
-        Ok(())
+        match remapped {
+            Some(true) => Ok(()),
+            // wgpu refused to map the staging again: the device is gone.
+            Some(false) => Err(self.settle_loss().unwrap_or_else(|| {
+                self.backend_error("upload", "wgpu refused to map its staging buffer again")
+            })),
+            // Not asked (past the budget), or the browser's WebGPU: poll for a loss.
+            None => self.check_lost(),
+        }
     }
 
     /// Writes `src` at `offset`, keeping the bytes around a ragged range.

@@ -382,11 +382,10 @@ pub(crate) fn open_blocking<T>(open: impl Future<Output = Result<T>>) -> Result<
     pollster::block_on(open)
 }
 
-/// Whether a small upload hands its slice to `queue.write_buffer` as it is (and polls for a
-/// loss first), rather than filling `write_buffer_with`'s view, whose `None` reports a loss:
-/// never on native (wgpu-core copies either way).
-pub(crate) fn write_from_slice(_info: &wgpu::AdapterInfo) -> bool {
-    false
+/// Whether wgpu-core runs the device here (it refuses work on a device that is no longer
+/// valid at once, without reporting it to any error handler): always on native.
+pub(crate) fn wgpu_core_inside(_info: &wgpu::AdapterInfo) -> bool {
+    true
 }
 
 /// Up to how many bytes a download gets a staging buffer of its own (not one kept from an

@@ -210,12 +210,12 @@ pub(crate) fn open_blocking<T>(_open: impl Future<Output = Result<T>>) -> Result
     })
 }
 
-/// Whether a small upload hands its slice to `queue.write_buffer` as it is: on WebGPU that
-/// copies straight out of wasm memory, where a `write_buffer_with` view would be filled and
-/// copied again. On WebGL2 wgpu-core runs inside the page, copies either way, and its
-/// `write_buffer_with` reports a lost device by returning `None` (sparing a poll per upload).
-pub(crate) fn write_from_slice(info: &wgpu::AdapterInfo) -> bool {
-    info.backend == wgpu::Backend::BrowserWebGpu
+/// Whether wgpu-core runs the device here (it refuses work on a device that is no longer
+/// valid at once, without reporting it to any error handler): on WebGL2, compiled into the
+/// page. On WebGPU the browser runs it, and `queue.writeBuffer` copies straight out of wasm
+/// memory, where a `write_buffer_with` view would be filled and copied again.
+pub(crate) fn wgpu_core_inside(info: &wgpu::AdapterInfo) -> bool {
+    info.backend == wgpu::Backend::Gl
 }
 
 /// Up to how many bytes a download gets a staging buffer of its own. On WebGL2 up to 1 MiB:
