@@ -163,6 +163,7 @@ impl WgpuAllocator {
         let pool = self.pool(index)?;
         pool.storage().check_lost()?;
         let r = pool.block_at(ptr, 0).map_err(|e| self.foreign(index, ptr, e))?;
+        r.block.exposed.store(true, std::sync::atomic::Ordering::Release);
         let range = r.offset..r.offset + r.available;
         Ok(self.range_of(pool.storage(), r.block.buffer.clone(), range))
     }
@@ -172,6 +173,7 @@ impl WgpuAllocator {
         let pool = self.pool(index)?;
         pool.storage().check_lost()?;
         let r = pool.block_at(ptr, len).map_err(|e| self.foreign(index, ptr, e))?;
+        r.block.exposed.store(true, std::sync::atomic::Ordering::Release);
         Ok(self.range_of(pool.storage(), r.block.buffer.clone(), r.offset..r.offset + len))
     }
 

@@ -44,7 +44,7 @@ impl WgpuStorage {
     ) -> Result<()> {
         let range = offset & !(wgpu::MAP_ALIGNMENT - 1)..ceil4(offset + len as u64);
         let _guard = block.lock.lock().await;
-        let mapped = self.map(&block.buffer, map_mode, range.clone())?;
+        let mapped = self.map_block(block, map_mode, range.clone())?;
         // Unmapped whatever happens, a future dropped half-way included: a buffer left mapped
         // could never be used by the GPU again.
         // (Armed while the map is pending too: unmapping cancels a pending map.)
