@@ -341,29 +341,52 @@ pub(crate) async fn wait<T>(
             let id = WAITS.fetch_add(1, Ordering::Relaxed);
             Waiting { id, rx, waiter: &s.waiter, watching: false, idle_gives_up, idle_at_start: 0 }.await
         }
-        Mode::Blocking => {
-            let mut idle = 0;
-            loop {
-                match rx.try_recv() {
-                    Ok(Some(v)) => break Ok(v),
-                    Err(oneshot::Canceled) => break Err(Ended::Gone),
-                    Ok(None) if s.lost.is_lost() => break Err(Ended::Gone),
-                    Ok(None) if idle_gives_up && idle >= 2 => break Err(Ended::Idle),
-                    Ok(None) => {}
-                }
-                let wait = wgpu::PollType::Wait { submission_index: index.clone(), timeout: None };
-                match catch_unwind(AssertUnwindSafe(|| s.device.poll(wait))) {
-                    Err(_) => s.lost.mark(None, "polling the device panicked (a driver-level loss)"),
-                    Ok(Err(e)) => {
-                        log::error!("devalloc: polling {}: {e}", s.id);
-                        break rx.try_recv().ok().flatten().ok_or(Ended::Gone);
-                    }
-                    Ok(Ok(wgpu::PollStatus::QueueEmpty)) => idle += 1,
-                    Ok(Ok(_)) => {}
-                }
-            }
-        }
+        Mode::Blocking => block_until(s, index, idle_gives_up, || rx.try_recv().map_err(drop)),
     };
+    ended_error(s, got)
+}
+
+/// Polls the device inline until `take` has the value (`Err`: it never will), the device is
+/// lost, or (with `idle_gives_up`) the device has gone idle twice without it.
+fn block_until<T>(
+    s: &WgpuStorage,
+    index: Option<wgpu::SubmissionIndex>,
+    idle_gives_up: bool,
+    mut take: impl FnMut() -> std::result::Result<Option<T>, ()>,
+) -> std::result::Result<T, Ended> {
+    let mut idle = 0;
+    loop {
+        match take() {
+            Ok(Some(v)) => return Ok(v),
+            Err(()) => return Err(Ended::Gone),
+            Ok(None) if s.lost.is_lost() => return Err(Ended::Gone),
+            Ok(None) if idle_gives_up && idle >= 2 => return Err(Ended::Idle),
+            Ok(None) => {}
+        }
+        let wait = wgpu::PollType::Wait { submission_index: index.clone(), timeout: None };
+        match catch_unwind(AssertUnwindSafe(|| s.device.poll(wait))) {
+            Err(_) => s.lost.mark(None, "polling the device panicked (a driver-level loss)"),
+            Ok(Err(e)) => {
+                log::error!("devalloc: polling {}: {e}", s.id);
+                return take().ok().flatten().ok_or(Ended::Gone);
+            }
+            Ok(Ok(wgpu::PollStatus::QueueEmpty)) => idle += 1,
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+/// Waits, blocking, until `take` has the value (`Err`: it never will): the blocking half of
+/// [`wait`] for a caller with a callback slot of its own (no channel).
+pub(crate) fn wait_blocking<T>(
+    s: &WgpuStorage,
+    take: impl FnMut() -> std::result::Result<Option<T>, ()>,
+) -> Result<T> {
+    ended_error(s, block_until(s, None, false, take))
+}
+
+/// The error for a wait that ended without its value.
+fn ended_error<T>(s: &WgpuStorage, got: std::result::Result<T, Ended>) -> Result<T> {
     got.map_err(|ended| match ended {
         Ended::Gone if s.lost.is_lost() => s.lost.error(s.id),
         Ended::Gone => Error::backend(s.id, "wgpu dropped a callback devalloc was waiting for"),

@@ -154,6 +154,15 @@ pub(crate) async fn wait<T>(
     })
 }
 
+/// Nothing can block in the browser: a blocking wait is an error (the blocking calls that would
+/// need one are refused before they get here).
+pub(crate) fn wait_blocking<T>(
+    s: &WgpuStorage,
+    _take: impl FnMut() -> std::result::Result<Option<T>, ()>,
+) -> Result<T> {
+    Err(Error::backend(s.id, "a blocking wait was attempted in the browser"))
+}
+
 /// Lets the browser run its event loop once: a task posted through a `MessageChannel`, which
 /// (unlike `setTimeout(0)`, clamped to 4 ms once nested) runs as soon as the browser is free.
 /// A WebGL2 fence is only signalled between tasks, so the waits of the GL backend need one; a
