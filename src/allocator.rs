@@ -29,7 +29,8 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
 /// allocator holds from the device for them, rounding and cached free blocks included. Staging
 /// memory (the host-visible buffers a copy passes through) is counted apart, in
 /// `staging_bytes`. Stats move only when a call succeeds (and when an allocation that ran
-/// out of memory gave the cache back first). Marked `non_exhaustive`: start from
+/// out of memory gave the cache back first), except `staging_bytes`, a gauge of what is held
+/// right now: a failed copy can release staging, never take more. Marked `non_exhaustive`: start from
 /// `AllocatorStats::default()` when writing an allocator of your own.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(default)]

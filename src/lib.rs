@@ -91,17 +91,30 @@
 //! (or `from_device_with`) and keeps using it; devalloc is a guest:
 //!
 //! - **Adoption.** devalloc never replaces the device's uncaptured-error handler: its own calls
-//!   run in error scopes, so the app's handler sees the app's errors. The device's lost
+//!   run in error scopes, so the app's handler sees the app's errors (the one call that runs
+//!   without, a direct-route map of a buffer the app was never given, cannot raise one: see
+//!   the wgpu backend's docs). The device's lost
 //!   callback is the exception: wgpu keeps one per device and cannot hand back one already
 //!   set, and devalloc needs it to notice a loss. Give yours as `WgpuOptions::on_device_lost`
 //!   (devalloc calls it once, after recording the loss) and do not set the device's lost
 //!   callback yourself after adoption. devalloc polls the device without blocking at the
-//!   start of every call that touches it (or waits on a poll anyway), so after
+//!   start of every call that touches it, or waits on a poll anyway, or (uploads) sees wgpu
+//!   refuse the work of a device that is no longer valid and then waits for the loss, so after
 //!   `device.destroy()` every such call of every allocator on it is [`Error::DeviceLost`]:
 //!   allocations, copies, range checks, buffers, `synchronize`; a `BufferRange`'s `binding`
 //!   polls nothing and is `DeviceLost` once any call has seen the loss. Bookkeeping keeps
 //!   working so that the app can clean up: `deallocate`, `release_buffers`, `empty_cache`,
-//!   `stats`, `get_offset_address`.
+//!   `stats`, `get_offset_address`. A copy of 0 bytes touches nothing and is `Ok` even then.
+//!   One limit, wgpu's: a device destroyed while its queue still has work is invalid at once,
+//!   but wgpu reports the loss only once that work is done (as WebGPU specifies), and wgpu 30
+//!   offers no cheap way to ask whether a device is still valid. Until then a call that needs
+//!   no answer from the device (an allocation from the cache or a new buffer, `buffer`,
+//!   `check_range`, an aligned device-to-device copy) can return `Ok`; every call that does
+//!   (reads, writes, copies through the host, `synchronize`) sees wgpu refuse it, waits for
+//!   the report (or records the loss itself after a second) and is `DeviceLost`.
+//! - **Buffers you are given stay devalloc's.** Bind them, copy to and from them; do not
+//!   destroy them or leave them mapped. devalloc's copies on such a buffer fail with an error
+//!   (not a panic), and once freed it is dropped rather than cached for the next allocation.
 //! - **Binding.** `WgpuAllocator::buffer(ptr, index)` (to the end of the allocation) or
 //!   `buffer_range(ptr, len, index)` gives a `BufferRange`; its `binding(BindingKind::Storage)`
 //!   or `binding(BindingKind::Uniform)` returns a `wgpu::BufferBinding` or an error that names

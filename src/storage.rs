@@ -100,6 +100,13 @@ pub trait Storage: WasmNotSendSync {
         0
     }
 
+    /// Whether a freed `block` may be cached and handed out again (`false`: it is dropped
+    /// instead, say because someone else broke it).
+    fn reusable(&self, block: &Self::Block) -> bool {
+        let _ = block;
+        true
+    }
+
     /// Writes `src` at `offset` in `block`.
     fn write(&self, block: &Self::Block, offset: u64, src: &[u8]) -> Result<()>;
 

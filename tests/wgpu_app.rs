@@ -191,6 +191,120 @@ fn an_upload_as_the_first_call_after_destroy_is_device_lost() {
     }
 }
 
+/// The app destroys its device with heavy work still queued: wgpu marks the device invalid at
+/// once but reports the loss only once that work is done. Every devalloc call that needs an
+/// answer from the device (reads, writes small and large and ragged, device-to-device copies
+/// through the host, synchronize) must still be DeviceLost, never a backend error, with the
+/// app's handler told once and nothing reaching its uncaptured-error handler.
+#[test]
+fn with_work_queued_at_destroy_every_call_that_needs_the_device_is_device_lost() {
+    for backend in BACKENDS {
+        for route in [Route::Staged, Route::Direct] {
+            for op in [
+                "read",
+                "async read",
+                "small write",
+                "large write",
+                "ragged write",
+                "ragged d2d",
+                "synchronize",
+            ] {
+                let Some((device, queue)) = app_device(backend) else { continue };
+                let errors = Arc::new(Mutex::new(Vec::<String>::new()));
+                let sink = Arc::clone(&errors);
+                device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+                    sink.lock().unwrap().push(e.to_string())
+                }));
+                let (fired, fired_count) = counter();
+                let on_lost: devalloc::DeviceLostHandler = Arc::new(move |_, _: &str| {
+                    fired.fetch_add(1, Ordering::SeqCst);
+                });
+                let options = WgpuOptions {
+                    route: Some(route),
+                    on_device_lost: Some(on_lost),
+                    ..WgpuOptions::default()
+                };
+                let Ok(a) = WgpuAllocator::from_device_with(device.clone(), queue.clone(), options) else {
+                    continue;
+                };
+                let p = a.allocate(3 << 20, 0, DEFAULT_ALIGNMENT).unwrap();
+                let q = a.allocate(4096, 0, DEFAULT_ALIGNMENT).unwrap();
+                a.copy_host_to_device(p, &[1u8; 4096], 0).unwrap();
+                a.synchronize(0).unwrap();
+                // The app's heavy work: clears of a 128 MiB buffer, still running at destroy().
+                let heavy = device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("the app's heavy work"),
+                    size: 128 << 20,
+                    usage: wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                });
+                for _ in 0..4 {
+                    let mut enc = device.create_command_encoder(&Default::default());
+                    enc.clear_buffer(&heavy, 0, None);
+                    queue.submit([enc.finish()]);
+                }
+                device.destroy();
+                let mut buf = [0u8; 16];
+                let r = match op {
+                    "read" => a.copy_device_to_host(&mut buf, p, 0),
+                    "async read" => pollster::block_on(a.copy_device_to_host_async(&mut buf, p, 0)),
+                    "small write" => a.copy_host_to_device(p, &[9u8; 64], 0),
+                    "large write" => a.copy_host_to_device(p, &vec![9u8; 3 << 20], 0),
+                    "ragged write" => a.copy_host_to_device(p.offset(3).unwrap(), &[9u8], 0),
+                    "ragged d2d" => a.copy_device_to_device(q.offset(1).unwrap(), 0, p, 0, 5),
+                    _ => a.synchronize(0),
+                };
+                let what = format!("{backend:?} {route:?} {op}");
+                assert!(matches!(r, Err(Error::DeviceLost { .. })), "{what}: {r:?}");
+                let _ = device.poll(wgpu::PollType::wait_indefinitely());
+                assert_eq!(
+                    fired_count(),
+                    1,
+                    "{what}: the app's on_device_lost fired {} times",
+                    fired_count()
+                );
+                let leaked = errors.lock().unwrap().clone();
+                assert!(leaked.is_empty(), "{what}: devalloc's errors reached the app's handler: {leaked:?}");
+            }
+        }
+    }
+}
+
+/// A buffer the app got from `buffer()` and then destroyed (its own misuse) fails devalloc's
+/// copies with an error; freed, it must not go back to the cache and break the next allocation.
+#[test]
+fn a_buffer_the_app_destroyed_is_not_handed_out_again() {
+    for backend in BACKENDS {
+        for route in [Route::Staged, Route::Direct] {
+            let Some((device, queue)) = app_device(backend) else { continue };
+            let errors = Arc::new(Mutex::new(Vec::<String>::new()));
+            let sink = Arc::clone(&errors);
+            device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+                sink.lock().unwrap().push(e.to_string())
+            }));
+            let options = WgpuOptions { route: Some(route), ..WgpuOptions::default() };
+            let Ok(a) = WgpuAllocator::from_device_with(device.clone(), queue, options) else { continue };
+            let p = a.allocate(4096, 0, DEFAULT_ALIGNMENT).unwrap();
+            a.buffer(p, 0).unwrap().buffer.destroy();
+            let what = format!("{backend:?} {route:?}");
+            assert!(
+                a.copy_host_to_device(p, &[1u8; 64], 0).is_err(),
+                "{what}: a write into a destroyed buffer"
+            );
+            a.deallocate(p, 0).unwrap();
+            let fresh = a.allocate(4096, 0, DEFAULT_ALIGNMENT).unwrap();
+            a.copy_host_to_device(fresh, &[5u8; 4096], 0).unwrap_or_else(|e| {
+                panic!("{what}: the next allocation inherited the destroyed buffer: {e}")
+            });
+            let mut back = vec![0u8; 4096];
+            a.copy_device_to_host(&mut back, fresh, 0).unwrap();
+            assert_eq!(back, vec![5u8; 4096], "{what}");
+            let _ = device.poll(wgpu::PollType::Poll);
+            assert!(errors.lock().unwrap().is_empty(), "{what}: {:?}", errors.lock().unwrap());
+        }
+    }
+}
+
 #[test]
 fn a_refused_adoption_leaves_the_devices_lost_callback_to_the_app() {
     for backend in BACKENDS {

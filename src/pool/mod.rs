@@ -255,7 +255,7 @@ impl<S: Storage> Pool<S> {
         if let (Some(w), Some(span)) = (state.window.as_ref(), live.span) {
             lock(w).release(span);
         }
-        let keep = config.caching && config.reuse_freed;
+        let keep = config.caching && config.reuse_freed && self.storage.reusable(&live.block);
         let size = live.size;
         let to_drop = match (keep, Arc::try_unwrap(live.block)) {
             (true, Ok(block)) => {

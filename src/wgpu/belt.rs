@@ -5,21 +5,25 @@
 //! A GPU buffer is never mapped while the GPU may use it, so copies go through *staging*
 //! buffers, which the belt keeps and reuses:
 //!
-//! - **Small uploads** (up to 1 MiB natively, 64 KiB on GL; every upload in the browser, where
-//!   `writeBuffer` copies straight out of wasm memory) are handed to `queue.write_buffer`,
-//!   whose own staging is wgpu's; they travel with the next submit, and after 8 MiB of them
-//!   the queue is flushed so that wgpu's staging stays bounded.
+//! - **Small uploads** (up to 1 MiB natively, 64 KiB on GL, 4 MiB on WebGL2; every upload on
+//!   browser WebGPU, where `writeBuffer` copies straight out of wasm memory) go through the
+//!   queue's own staging (`write_buffer_with`, or `write_buffer` on WebGPU), which is wgpu's;
+//!   they travel with the next submit, and after 8 MiB of them the queue is flushed so that
+//!   wgpu's staging stays bounded.
 //! - **Large uploads**, chunk by chunk: take a *mapped* `MAP_WRITE` buffer (one whose re-map
 //!   has completed, or a new one mapped at creation), write the chunk into it, unmap, encode
 //!   `copy_buffer_to_buffer`, submit, and ask for it to be mapped again; it waits in the
-//!   in-flight queue until its map callback says the GPU is done with it. The call returns once
-//!   everything is submitted: queue order makes every later operation see the data.
+//!   in-flight queue until its map callback (fired by whoever polls next) says the GPU is done
+//!   with it; one not back yet is passed over for a new buffer while within the budget. The
+//!   call returns once everything is submitted: queue order makes every later operation see
+//!   the data.
 //! - **Downloads**: copy a chunk into an idle `MAP_READ` buffer, submit, `map_async`; up to
 //!   [`PIPELINE_DEPTH`] chunks are in flight, so the GPU copies chunk i+1 while the host reads
 //!   chunk i; then unmap and put the buffer back. Download buffers come in power-of-two sizes
 //!   from 64 KiB (or the device's largest buffer, if smaller) to a chunk, and a read takes an
 //!   idle one of its own size class (the smallest that holds it), or makes one: mapping a few
-//!   bytes of a chunk-sized buffer measured slower.
+//!   bytes of a chunk-sized buffer measured slower. On WebGL2 a read up to 1 MiB takes a
+//!   buffer of its own instead (see `platform::fresh_download_staging`).
 //! - **Ragged ranges**: wgpu copies 4-byte words at 4-byte offsets. A read copies the
 //!   enclosing words and keeps the wanted bytes; a write reads the (at most two) edge words
 //!   first and writes them back merged, under the block's lock, so neighbouring bytes are kept.
@@ -31,7 +35,11 @@
 //! budget is released instead of kept, and a large upload that would take a new buffer past
 //! the budget waits for its oldest in-flight chunk instead (where waiting is allowed: not in a
 //! blocking call in the browser). Downloads in flight can pass the budget by at most
-//! [`PIPELINE_DEPTH`] chunks per concurrent download; once they are done it holds again.
+//! [`PIPELINE_DEPTH`] chunks per concurrent download, and an upload that finds every kept
+//! buffer in another thread's hands takes a new one: so with concurrent copies the belt can
+//! hold up to one chunk per upload and [`PIPELINE_DEPTH`] per download in flight beyond the
+//! budget; once they are done it holds again. The count is a gauge of what is held: a call
+//! that fails (say, on a lost device) can release staging, never take more.
 #![deny(unsafe_code)]
 
 use std::collections::VecDeque;
@@ -94,7 +102,7 @@ pub(crate) struct Belt {
     /// wgpu-core runs the device (native, and WebGL2 in the browser): it refuses work on a
     /// device that is no longer valid at once, which is how uploads notice a loss without a
     /// poll (see `platform::wgpu_core_inside`).
-    core: bool,
+    pub(crate) core: bool,
     /// Downloads up to this size get a staging buffer of their own (see
     /// `platform::fresh_download_staging`).
     fresh_downloads: u64,
@@ -251,34 +259,36 @@ impl WgpuStorage {
         if !self.belt.core {
             self.check_lost()?;
         }
-        let written = self.scoped("devalloc small upload", total, Raises::Validation, || match parts {
-            [whole] if !self.belt.core => {
-                self.queue.write_buffer(dst, at, whole);
-                true
-            }
-            _ => {
-                let Some(mut view) = self.queue.write_buffer_with(dst, at, size) else {
-                    return false;
-                };
-                let mut filled = 0;
-                for p in parts {
-                    view.slice(filled..filled + p.len()).copy_from_slice(p);
-                    filled += p.len();
+        // Out of memory for the queue's staging is caught here, so `None` below is a device
+        // that is no longer valid.
+        let written =
+            self.scoped("devalloc small upload", total, Raises::ValidationOrOom, || match parts {
+                [whole] if !self.belt.core => {
+                    self.queue.write_buffer(dst, at, whole);
+                    true
                 }
-                true
-            }
-        })?;
+                _ => {
+                    let Some(mut view) = self.queue.write_buffer_with(dst, at, size) else {
+                        return false;
+                    };
+                    let mut filled = 0;
+                    for p in parts {
+                        view.slice(filled..filled + p.len()).copy_from_slice(p);
+                        filled += p.len();
+                    }
+                    true
+                }
+            })?;
         if !written {
             // A device that is invalid now reports its loss once its queue is done.
-            return Err(self.settle_loss().unwrap_or_else(|| {
-                self.backend_error("small upload", "wgpu refused the write (out of memory for its staging?)")
-            }));
+            return Err(self.settle_loss());
         }
+        self.note_queued_write();
         let belt = &self.belt;
         let before = belt.pending_small.fetch_add(total, Ordering::Relaxed);
         if before + total >= FLUSH_PENDING {
             belt.pending_small.store(0, Ordering::Relaxed);
-            self.queue.submit([]);
+            self.flush_queued_writes();
         }
         Ok(())
     }
@@ -317,7 +327,8 @@ impl WgpuStorage {
                     .get_mapped_range_mut(0..n)
                     // A buffer made on a device that is no longer valid is invalid itself.
                     .map_err(|e| {
-                        self.settle_loss().unwrap_or_else(|| self.backend_error("upload staging", e))
+                        log::debug!("devalloc: upload staging: {e}");
+                        self.settle_loss()
                     })?;
                 let mut filled = 0usize;
                 while (filled as u64) < n {
@@ -336,9 +347,7 @@ impl WgpuStorage {
         match remapped {
             Some(true) => Ok(()),
             // wgpu refused to map the staging again: the device is gone.
-            Some(false) => Err(self.settle_loss().unwrap_or_else(|| {
-                self.backend_error("upload", "wgpu refused to map its staging buffer again")
-            })),
+            Some(false) => Err(self.settle_loss()),
             // Not asked (past the budget), or the browser's WebGPU: poll for a loss.
             None => self.check_lost(),
         }

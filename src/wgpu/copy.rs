@@ -22,7 +22,9 @@ impl WgpuStorage {
         mode: Mode,
     ) -> Result<()> {
         if aligned(so, len) && aligned(d_o, 0) {
-            return self.copy_aligned(src, so, dst, d_o, len, mode).await;
+            let r = self.copy_aligned(src, so, dst, d_o, len, mode).await;
+            let r = self.spoil_on(src, r);
+            return self.spoil_on(dst, r);
         }
         // Through the host in chunks of at most BOUNCE_CHUNK bytes; back to front when the
         // destination overlaps the source from above, so that no chunk reads what an earlier

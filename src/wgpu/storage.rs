@@ -5,6 +5,7 @@
 //! through `scope.rs`.
 #![deny(unsafe_code)]
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use futures_channel::oneshot;
@@ -48,6 +49,9 @@ pub struct WgpuBlock {
     /// may then map or destroy it itself: from then on devalloc's maps of it run in an error
     /// scope (see `WgpuStorage::map_block`). Never cleared: the app may keep its handle.
     pub(crate) exposed: std::sync::atomic::AtomicBool,
+    /// A copy on this exposed buffer failed while the device was fine: the app has destroyed
+    /// or mapped it. Freed, it is dropped rather than cached for the next allocation.
+    pub(crate) spoiled: std::sync::atomic::AtomicBool,
 }
 
 /// Per-allocation choices of a wgpu buffer: its usage (bits of `wgpu::BufferUsages`).
@@ -77,6 +81,13 @@ pub struct WgpuStorage {
     pub(crate) lost: Arc<LostRecord>,
     pub(crate) waiter: Waiter,
     max_buffer: u64,
+    /// Small uploads written into the queue's staging so far; they reach the GPU with the next
+    /// submission (anyone's).
+    queued_writes: AtomicU64,
+    /// A 4-byte buffer of devalloc's own, for asking wgpu whether the device is still valid.
+    probe: Option<wgpu::Buffer>,
+    /// How many of those a submission of devalloc's has carried at least.
+    flushed_writes: AtomicU64,
 }
 
 impl WgpuStorage {
@@ -97,7 +108,7 @@ impl WgpuStorage {
         let belt = Belt::new(&info, chunk, options.staging_budget, max_buffer);
         let waiter = Waiter::new(&device, &lost);
         let default_usage = Self::full_usage(route, options.usage);
-        Ok(WgpuStorage {
+        let mut storage = WgpuStorage {
             device,
             queue,
             id,
@@ -109,7 +120,15 @@ impl WgpuStorage {
             lost,
             waiter,
             max_buffer,
-        })
+            queued_writes: AtomicU64::new(0),
+            flushed_writes: AtomicU64::new(0),
+            probe: None,
+        };
+        // Without a probe (wgpu refused to make it), a failure is named a loss only once wgpu
+        // reports one.
+        storage.probe =
+            storage.create("devalloc device probe", COPY_ALIGN, wgpu::BufferUsages::COPY_DST, false).ok();
+        Ok(storage)
     }
 
     /// `usage` plus what devalloc needs: copies both ways, and mapping on the direct route.
@@ -159,8 +178,32 @@ impl WgpuStorage {
             let mut enc =
                 self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(what) });
             encode(&mut enc);
-            self.queue.submit([enc.finish()])
+            self.submit_flushing(enc.finish())
         })
+    }
+
+    /// Submits `commands`, which carries every small upload queued before it.
+    pub(crate) fn submit_flushing(&self, commands: wgpu::CommandBuffer) -> wgpu::SubmissionIndex {
+        let queued = self.queued_writes.load(Ordering::Acquire);
+        let index = self.queue.submit([commands]);
+        self.flushed_writes.fetch_max(queued, Ordering::AcqRel);
+        index
+    }
+
+    /// Notes a small upload written into the queue's staging.
+    pub(crate) fn note_queued_write(&self) {
+        self.queued_writes.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Submits nothing but the queue's pending writes, if devalloc queued any since its last
+    /// submission (otherwise there is nothing of devalloc's to flush: on GL an empty submission
+    /// costs a fence, a few microseconds).
+    pub(crate) fn flush_queued_writes(&self) {
+        let queued = self.queued_writes.load(Ordering::Acquire);
+        if queued > self.flushed_writes.load(Ordering::Acquire) {
+            self.queue.submit([]);
+            self.flushed_writes.fetch_max(queued, Ordering::AcqRel);
+        }
     }
 
     /// Asks for `buffer[range]` to be mapped (inside an error scope: a destroyed buffer is an
@@ -242,7 +285,7 @@ impl WgpuStorage {
             return Err(self.lost.error(self.id));
         }
         let (tx, rx) = oneshot::channel();
-        self.queue.submit([]);
+        self.flush_queued_writes();
         self.queue.on_submitted_work_done(move || {
             let _ = tx.send(());
         });
@@ -258,11 +301,16 @@ impl WgpuStorage {
 
     /// `r`, or [`crate::Error::DeviceLost`] when it failed because the device is lost.
     pub(crate) fn or_lost<T>(&self, r: Result<T>) -> Result<T> {
-        if r.is_err() {
+        if let Err(e) = &r {
             // A poll on another thread may have failed this call (a destroyed device's buffers
             // go first) and be about to run the lost callback: let it finish.
             platform::finish_polls();
             self.check_lost()?;
+            // wgpu refused something, and has not reported a loss: a device destroyed with
+            // work still queued is invalid at once but reported only once that work is done.
+            if matches!(e, crate::Error::Backend { .. }) && self.device_invalid() {
+                return Err(self.settle_loss());
+            }
         }
         r
     }
@@ -283,23 +331,55 @@ impl WgpuStorage {
         src: &[u8],
         mode: Mode,
     ) -> Result<()> {
-        match self.route {
+        let r = match self.route {
             Route::Direct => self.write_direct(block, offset, src, mode).await,
             Route::Staged => {
                 let r = self.write_staged(block, offset, src, mode).await;
                 self.or_lost(r)
             }
-        }
+        };
+        self.spoil_on(block, r)
     }
 
-    /// After wgpu refused work because the device is no longer valid (destroyed or lost):
-    /// waits briefly for wgpu to report the loss, and returns it.
-    pub(crate) fn settle_loss(&self) -> Option<crate::Error> {
+    /// After wgpu refused work because the device is no longer valid (destroyed or lost): waits
+    /// for wgpu to report the loss (it does once the queue is empty: up to a second here), and
+    /// returns it. If wgpu still has not reported it, devalloc records the loss itself.
+    pub(crate) fn settle_loss(&self) -> crate::Error {
         if !self.lost.is_lost() {
             platform::finish_polls();
             platform::poll_until_idle(&self.device);
         }
-        self.lost.is_lost().then(|| self.lost.error(self.id))
+        if !self.lost.is_lost() {
+            self.lost.mark(
+                None,
+                "the device is no longer valid (destroyed or lost), and wgpu had not reported it after its queue was given a second to finish",
+            );
+        }
+        self.lost.error(self.id)
+    }
+
+    /// Whether wgpu-core (where it runs the device: native, WebGL2) says the device is no longer
+    /// valid: a 4-byte write into devalloc's probe buffer is refused (`None`) exactly then (an
+    /// out-of-memory refusal is caught by the scope). `false` where it cannot tell.
+    fn device_invalid(&self) -> bool {
+        let (Some(probe), true) = (&self.probe, self.belt.core) else { return false };
+        let size = wgpu::BufferSize::new(COPY_ALIGN).expect("non-zero");
+        self.scoped("probing the device", COPY_ALIGN, Raises::ValidationOrOom, || {
+            self.queue.write_buffer_with(probe, 0, size).is_none()
+        })
+        .unwrap_or(false)
+    }
+
+    /// `r`; a wgpu failure (`Backend`) on a buffer the app holds, on a device that is fine,
+    /// spoils the block (see [`WgpuBlock::spoiled`]).
+    pub(crate) fn spoil_on<T>(&self, block: &WgpuBlock, r: Result<T>) -> Result<T> {
+        if matches!(r, Err(crate::Error::Backend { .. }))
+            && block.exposed.load(Ordering::Acquire)
+            && !self.lost.is_lost()
+        {
+            block.spoiled.store(true, Ordering::Release);
+        }
+        r
     }
 
     /// Reads `dst.len()` bytes at `offset` of `block` by the device's route.
@@ -317,7 +397,8 @@ impl WgpuStorage {
             Route::Direct => self.read_direct(block, offset, dst, mode).await,
             Route::Staged => self.read_staged(block, offset, dst, mode).await,
         };
-        self.or_lost(r)
+        let r = self.or_lost(r);
+        self.spoil_on(block, r)
     }
 }
 
@@ -378,12 +459,22 @@ impl Storage for WgpuStorage {
             u => Self::full_usage(self.route, u),
         };
         let buffer = self.create(label.unwrap_or("devalloc buffer"), capacity, usage, false)?;
-        Ok(WgpuBlock { buffer, lock: async_lock::Mutex::new(()), exposed: Default::default() })
+        Ok(WgpuBlock {
+            buffer,
+            lock: async_lock::Mutex::new(()),
+            exposed: Default::default(),
+            spoiled: Default::default(),
+        })
+    }
+
+    fn reusable(&self, block: &WgpuBlock) -> bool {
+        !block.spoiled.load(Ordering::Acquire)
     }
 
     fn write(&self, block: &WgpuBlock, offset: u64, src: &[u8]) -> Result<()> {
         if self.route == Route::Direct && platform::CAN_BLOCK {
-            return self.write_direct_blocking(block, offset, src);
+            let r = self.write_direct_blocking(block, offset, src);
+            return self.spoil_on(block, r);
         }
         if !aligned(offset, src.len() as u64) && self.route == Route::Staged {
             platform::blocking_allowed(self, MustWait::RaggedWrite)?;
@@ -394,7 +485,8 @@ impl Storage for WgpuStorage {
     fn read(&self, block: &WgpuBlock, offset: u64, dst: &mut [u8]) -> Result<()> {
         platform::blocking_allowed(self, MustWait::Read)?;
         if self.route == Route::Direct && platform::CAN_BLOCK {
-            return self.read_direct_blocking(block, offset, dst);
+            let r = self.read_direct_blocking(block, offset, dst);
+            return self.spoil_on(block, r);
         }
         run_blocking(self.read_with(block, offset, dst, Mode::Blocking))
     }

@@ -180,6 +180,7 @@ pub async fn run(a: &'static WgpuAllocator, size: usize, reps: usize) -> devallo
             Box::new(|| {
                 Box::pin(async {
                     queue.write_buffer(&wb, 0, &data);
+                    queue.submit([]);
                     a.synchronize_async(0).await
                 })
             }),
