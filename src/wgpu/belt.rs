@@ -259,26 +259,27 @@ impl WgpuStorage {
         if !self.belt.core {
             self.check_lost()?;
         }
-        // Out of memory for the queue's staging is caught here, so `None` below is a device
-        // that is no longer valid.
-        let written =
-            self.scoped("devalloc small upload", total, Raises::ValidationOrOom, || match parts {
-                [whole] if !self.belt.core => {
-                    self.queue.write_buffer(dst, at, whole);
-                    true
+        // Where wgpu-core runs, out of memory for the queue's staging is caught here, so `None`
+        // below is a device that is no longer valid. (On browser WebGPU a scope is a round trip
+        // into JS, and `write_buffer` is checked up front: no scope, as for every copy there.)
+        let raises = if self.belt.core { Raises::ValidationOrOom } else { Raises::Validation };
+        let written = self.scoped("devalloc small upload", total, raises, || match parts {
+            [whole] if !self.belt.core => {
+                self.queue.write_buffer(dst, at, whole);
+                true
+            }
+            _ => {
+                let Some(mut view) = self.queue.write_buffer_with(dst, at, size) else {
+                    return false;
+                };
+                let mut filled = 0;
+                for p in parts {
+                    view.slice(filled..filled + p.len()).copy_from_slice(p);
+                    filled += p.len();
                 }
-                _ => {
-                    let Some(mut view) = self.queue.write_buffer_with(dst, at, size) else {
-                        return false;
-                    };
-                    let mut filled = 0;
-                    for p in parts {
-                        view.slice(filled..filled + p.len()).copy_from_slice(p);
-                        filled += p.len();
-                    }
-                    true
-                }
-            })?;
+                true
+            }
+        })?;
         if !written {
             // A device that is invalid now reports its loss once its queue is done.
             return Err(self.settle_loss());
