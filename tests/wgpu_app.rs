@@ -44,6 +44,39 @@ fn counter() -> (Arc<AtomicUsize>, impl Fn() -> usize) {
     (n, move || read.load(Ordering::SeqCst))
 }
 
+/// What the app hears from its device: errors in its uncaptured-error handler, and how often
+/// its `on_device_lost` handler (given to devalloc) fired.
+struct Watched {
+    errors: Arc<Mutex<Vec<String>>>,
+    fired: Arc<AtomicUsize>,
+}
+
+impl Watched {
+    /// Installs the app's uncaptured-error handler on `device`.
+    fn on(device: &wgpu::Device) -> Self {
+        let errors = Arc::new(Mutex::new(Vec::<String>::new()));
+        let sink = Arc::clone(&errors);
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| sink.lock().unwrap().push(e.to_string())));
+        Watched { errors, fired: Arc::new(AtomicUsize::new(0)) }
+    }
+
+    /// The app's `on_device_lost` handler, counting.
+    fn on_lost(&self) -> devalloc::DeviceLostHandler {
+        let fired = Arc::clone(&self.fired);
+        Arc::new(move |_, _: &str| {
+            fired.fetch_add(1, Ordering::SeqCst);
+        })
+    }
+
+    /// The app heard of the loss once, and no error of devalloc's reached its handler.
+    fn heard_once(&self, what: &str) {
+        let fired = self.fired.load(Ordering::SeqCst);
+        assert_eq!(fired, 1, "{what}: the app's on_device_lost fired {fired} times");
+        let leaked = self.errors.lock().unwrap().clone();
+        assert!(leaked.is_empty(), "{what}: devalloc's errors reached the app's handler: {leaked:?}");
+    }
+}
+
 #[test]
 fn the_apps_error_handler_still_fires_after_adoption() {
     for backend in BACKENDS {
@@ -141,18 +174,10 @@ fn an_upload_as_the_first_call_after_destroy_is_device_lost() {
         for route in [Route::Staged, Route::Direct] {
             for (size, queued) in [(4usize, false), (4096, true), (64 << 10, false), (3 << 20, true)] {
                 let Some((device, queue)) = app_device(backend) else { continue };
-                let errors = Arc::new(Mutex::new(Vec::<String>::new()));
-                let sink = Arc::clone(&errors);
-                device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
-                    sink.lock().unwrap().push(e.to_string())
-                }));
-                let (fired, fired_count) = counter();
-                let on_lost: devalloc::DeviceLostHandler = Arc::new(move |_, _: &str| {
-                    fired.fetch_add(1, Ordering::SeqCst);
-                });
+                let watch = Watched::on(&device);
                 let options = WgpuOptions {
                     route: Some(route),
-                    on_device_lost: Some(on_lost),
+                    on_device_lost: Some(watch.on_lost()),
                     ..WgpuOptions::default()
                 };
                 let Ok(a) = WgpuAllocator::from_device_with(device.clone(), queue.clone(), options) else {
@@ -176,16 +201,9 @@ fn an_upload_as_the_first_call_after_destroy_is_device_lost() {
                 let r = a.copy_host_to_device(p, &vec![7u8; size], 0);
                 let what = format!("{backend:?} {route:?} {size} bytes, work queued: {queued}");
                 assert!(matches!(r, Err(Error::DeviceLost { .. })), "{what}: {r:?}");
-                assert_eq!(
-                    fired_count(),
-                    1,
-                    "{what}: the app's on_device_lost fired {} times",
-                    fired_count()
-                );
                 a.deallocate(p, 0).unwrap();
                 let _ = device.poll(wgpu::PollType::Poll);
-                let leaked = errors.lock().unwrap().clone();
-                assert!(leaked.is_empty(), "{what}: devalloc's errors reached the app's handler: {leaked:?}");
+                watch.heard_once(&what);
             }
         }
     }
@@ -210,18 +228,10 @@ fn with_work_queued_at_destroy_every_call_that_needs_the_device_is_device_lost()
                 "synchronize",
             ] {
                 let Some((device, queue)) = app_device(backend) else { continue };
-                let errors = Arc::new(Mutex::new(Vec::<String>::new()));
-                let sink = Arc::clone(&errors);
-                device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
-                    sink.lock().unwrap().push(e.to_string())
-                }));
-                let (fired, fired_count) = counter();
-                let on_lost: devalloc::DeviceLostHandler = Arc::new(move |_, _: &str| {
-                    fired.fetch_add(1, Ordering::SeqCst);
-                });
+                let watch = Watched::on(&device);
                 let options = WgpuOptions {
                     route: Some(route),
-                    on_device_lost: Some(on_lost),
+                    on_device_lost: Some(watch.on_lost()),
                     ..WgpuOptions::default()
                 };
                 let Ok(a) = WgpuAllocator::from_device_with(device.clone(), queue.clone(), options) else {
@@ -257,14 +267,7 @@ fn with_work_queued_at_destroy_every_call_that_needs_the_device_is_device_lost()
                 let what = format!("{backend:?} {route:?} {op}");
                 assert!(matches!(r, Err(Error::DeviceLost { .. })), "{what}: {r:?}");
                 let _ = device.poll(wgpu::PollType::wait_indefinitely());
-                assert_eq!(
-                    fired_count(),
-                    1,
-                    "{what}: the app's on_device_lost fired {} times",
-                    fired_count()
-                );
-                let leaked = errors.lock().unwrap().clone();
-                assert!(leaked.is_empty(), "{what}: devalloc's errors reached the app's handler: {leaked:?}");
+                watch.heard_once(&what);
             }
         }
     }
