@@ -6,7 +6,7 @@
 //! | | native | browser |
 //! |---|---|---|
 //! | blocking wait | polls the device inline (`device.poll(Wait)`) | refused: [`crate::Error::NotSupported`] naming the async twin |
-//! | async wait | a polling thread per device (short timeouts, `catch_unwind`) wakes the task | WebGPU: the browser's event loop; WebGL2: poll and `setTimeout(0)` in a loop |
+//! | async wait | a polling thread per device (short timeouts, `catch_unwind`) wakes the task | WebGPU: the browser's event loop; WebGL2: poll, and yield a browser task (`MessageChannel`) in a loop |
 //! | error scope verdict | ready at once: an error is returned | arrives later: logged |
 //! | adapters | `enumerate_adapters` | `request_adapter` (WebGL2 with a 1x1 offscreen canvas) |
 

@@ -112,7 +112,7 @@ impl Waiter {
 
 /// Waits until `rx` has its value. WebGPU fires callbacks from the browser's event loop; wgpu's
 /// WebGL2 backend fires them only from `device.poll`, so there it polls and yields to the
-/// browser (`setTimeout(0)`) until the value is there.
+/// browser (a `MessageChannel` task) until the value is there.
 pub(crate) async fn wait<T>(
     s: &WgpuStorage,
     mut rx: oneshot::Receiver<T>,
