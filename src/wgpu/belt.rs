@@ -281,7 +281,12 @@ impl WgpuStorage {
             }
         })?;
         if !written {
-            // A device that is invalid now reports its loss once its queue is done.
+            // Where wgpu-core runs, every other refusal was caught by the scope: the device is
+            // no longer valid, and reports its loss once its queue is done. (On browser WebGPU
+            // nothing was scoped: say only that wgpu refused.)
+            if !self.belt.core {
+                return Err(self.backend_error("small upload", "wgpu refused the write"));
+            }
             return Err(self.settle_loss());
         }
         self.note_queued_write();

@@ -84,10 +84,10 @@ pub struct WgpuStorage {
     /// Small uploads written into the queue's staging so far; they reach the GPU with the next
     /// submission (anyone's).
     queued_writes: AtomicU64,
-    /// A 4-byte buffer of devalloc's own, for asking wgpu whether the device is still valid.
-    probe: Option<wgpu::Buffer>,
     /// How many of those a submission of devalloc's has carried at least.
     flushed_writes: AtomicU64,
+    /// A 4-byte buffer of devalloc's own, for asking wgpu whether the device is still valid.
+    probe: Option<wgpu::Buffer>,
 }
 
 impl WgpuStorage {

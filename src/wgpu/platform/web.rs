@@ -228,9 +228,10 @@ pub(crate) fn wgpu_core_inside(info: &wgpu::AdapterInfo) -> bool {
 }
 
 /// Up to how many bytes a download gets a staging buffer of its own. On WebGL2 up to 1 MiB:
-/// Chromium drops the shadow copy it keeps to speed up reading back a `READ`-usage buffer once
-/// that buffer is written again, so there a small read through a reused buffer is slower than
-/// through a fresh one (the page's bench: 4 KiB 0.002 vs 0.007 GB/s, 1 MiB 0.29 vs 0.44),
+/// there a map for reading reads back the whole buffer (wgpu-hal emulates mapping with
+/// `getBufferSubData`), and Chromium drops the shadow copy it keeps to speed that up once a
+/// buffer is written again, so a small read through a kept (larger, reused) buffer is slower
+/// than through a fresh one of its size (the page's bench: 4 KiB 0.002 vs 0.007 GB/s, 1 MiB 0.29 vs 0.44),
 /// while from 16 MiB making the buffer costs more (0.59 fresh vs 1.13 reused).
 pub(crate) fn fresh_download_staging(info: &wgpu::AdapterInfo) -> u64 {
     if info.backend == wgpu::Backend::Gl {
