@@ -2,7 +2,8 @@
 //! headless Chromium through wasm-bindgen-test): the demo page's fallback where there is no
 //! WebGPU. There wgpu fires callbacks only from `device.poll`, and a fence is signalled only
 //! between browser tasks: every devalloc wait polls and yields to the browser. Plus the
-//! sequence the page's bench runs: a read after the app's own `StagingBelt` upload.
+//! sequence the page's bench runs: a read after the app's own `StagingBelt` upload. Every test
+//! adopts one shared device (see [`device`]).
 //!
 //!     CHROMEDRIVER=/usr/bin/chromedriver cargo test --target wasm32-unknown-unknown --features webgl --test webgl
 #![cfg(all(target_arch = "wasm32", feature = "webgl"))]
@@ -10,28 +11,61 @@
 #[macro_use]
 mod conformance;
 
+use std::cell::RefCell;
+
 use devalloc::{DeviceAllocator, PoolConfig, WgpuAllocator, WgpuOptions, DEFAULT_ALIGNMENT};
+use futures_util::future::{FutureExt, LocalBoxFuture, Shared};
 use wasm_bindgen_test::wasm_bindgen_test;
 
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
+type Gpu = (wgpu::Device, wgpu::Queue);
+
+thread_local! {
+    static DEVICE: RefCell<Option<Shared<LocalBoxFuture<'static, Gpu>>>> = const { RefCell::new(None) };
+}
+
+/// One WebGL2 device for the whole suite, opened once: wasm-bindgen-test runs every test at
+/// the same time, and a browser keeps only about 16 WebGL contexts alive (past that it loses
+/// the oldest), so each test adopts this device with an allocator of its own
+/// (`WgpuAllocator::from_device_with`) instead of opening a context.
+async fn device() -> Gpu {
+    let opening = DEVICE.with_borrow_mut(|d| {
+        d.get_or_insert_with(|| {
+            async {
+                let a = WgpuAllocator::new_async(wgpu::Backend::Gl, WgpuOptions::default())
+                    .await
+                    .unwrap_or_else(|e| panic!("no WebGL2 adapter in this browser: {e}"));
+                let gpu = (a.device(0).unwrap().clone(), a.queue(0).unwrap().clone());
+                // Kept: it holds the device's lost callback for every allocator after it.
+                Box::leak(Box::new(a));
+                gpu
+            }
+            .boxed_local()
+            .shared()
+        })
+        .clone()
+    });
+    opening.await
+}
+
+/// A fresh allocator on the suite's device.
+async fn adopt(options: WgpuOptions) -> Result<WgpuAllocator, String> {
+    let (device, queue) = device().await;
+    WgpuAllocator::from_device_with(device, queue, options).map_err(|e| e.to_string())
+}
+
 fn webgl() -> conformance::Made {
-    Box::pin(async {
-        WgpuAllocator::new_async(wgpu::Backend::Gl, WgpuOptions::default())
-            .await
-            .map(|a| Box::new(a) as Box<dyn DeviceAllocator>)
-            .map_err(|e| format!("no WebGL2 adapter in this browser: {e}"))
-    })
+    Box::pin(async { adopt(WgpuOptions::default()).await.map(|a| Box::new(a) as Box<dyn DeviceAllocator>) })
 }
 
 /// Under a 64 KiB memory limit, for the hostile model check.
 fn webgl_tiny() -> conformance::Made {
     Box::pin(async {
         let pool = PoolConfig { caching: true, memory_limit: Some(64 << 10), ..PoolConfig::default() };
-        WgpuAllocator::new_async(wgpu::Backend::Gl, WgpuOptions { pool, ..Default::default() })
+        adopt(WgpuOptions { pool, ..Default::default() })
             .await
             .map(|a| Box::new(a) as Box<dyn DeviceAllocator>)
-            .map_err(|e| e.to_string())
     })
 }
 
@@ -56,9 +90,8 @@ mod webgl {
 /// must come back, and hold what was written.
 #[wasm_bindgen_test]
 async fn reads_after_the_apps_own_staging_belt_upload() {
-    let a = WgpuAllocator::new_async(wgpu::Backend::Gl, WgpuOptions::default()).await.unwrap();
-    let device = a.device(0).unwrap().clone();
-    let queue = a.queue(0).unwrap().clone();
+    let a = adopt(WgpuOptions::default()).await.unwrap();
+    let (device, queue) = device().await;
     for n in [4u64, 4096, 64 << 10, 3 << 20] {
         let data: Vec<u8> = (0..n as usize).map(|i| (i * 7 + i / 4096) as u8).collect();
         let p = a.allocate(n as usize, 0, DEFAULT_ALIGNMENT).unwrap();
