@@ -92,8 +92,8 @@
 //!
 //! - **Adoption.** devalloc never replaces the device's uncaptured-error handler: its own calls
 //!   run in error scopes, so the app's handler sees the app's errors (the one call that runs
-//!   without, a direct-route map of a buffer the app was never given, cannot raise one: see
-//!   the wgpu backend's docs). The device's lost
+//!   without, a direct-route map of a buffer the app was never given, cannot raise one short
+//!   of a race inside wgpu during a `destroy()`: see the wgpu backend's docs). The device's lost
 //!   callback is the exception: wgpu keeps one per device and cannot hand back one already
 //!   set, and devalloc needs it to notice a loss. Give yours as `WgpuOptions::on_device_lost`
 //!   (devalloc calls it once, after recording the loss) and do not set the device's lost

@@ -237,8 +237,10 @@ impl WgpuStorage {
     /// keeps a lost device's refusal out of every error handler, devalloc's maps of a block are
     /// serialized by its lock and the range and usage are right by construction, so a map of a
     /// buffer no one else holds cannot raise an error (wgpu hands the callback the refusal of a
-    /// lost device). A scope costs ~40 ns (wgpu locks its error sink and looks up the thread's
-    /// scope stack, twice).
+    /// lost device). The one gap is a race of a few instructions inside wgpu: the app destroys
+    /// the device, and another thread's poll releases its buffers, between wgpu's validity check
+    /// and its destroyed check; the error would then reach the app's handler. A scope costs
+    /// ~40-60 ns (wgpu locks its error sink and looks up the thread's scope stack, twice).
     pub(crate) fn map_block(
         &self,
         block: &WgpuBlock,
