@@ -1,6 +1,6 @@
 //! The page's benchmark: devalloc against the peers a careful wgpu user would pick in the
-//! browser, interleaved round by round. Every download is compared with the data, untimed;
-//! uploads are verified through the downloads, which read what they wrote.
+//! browser, interleaved round by round, every result verified: each upload writes the other of
+//! two patterns and is read back, each download lands in a cleared buffer and is compared.
 //!
 //! Upload, until the data are on the device: `queue.write_buffer`, a `StagingBelt` kept across
 //! calls, devalloc. Download, into host memory: a fresh `MAP_READ` buffer, one reused
@@ -52,9 +52,19 @@ pub struct BenchResult {
 }
 
 type Op<'a> = Box<dyn FnMut() -> Pin<Box<dyn Future<Output = devalloc::Result<()>> + 'a>> + 'a>;
+/// The untimed check after an op (async: checking an upload reads the device back).
+type Check<'a> = Box<dyn FnMut() -> Pin<Box<dyn Future<Output = bool> + 'a>> + 'a>;
 
 /// A method: its name, whether it is devalloc, the timed op, and the untimed check after it.
-type Method<'a> = (&'static str, bool, Op<'a>, Box<dyn FnMut() -> bool + 'a>);
+type Method<'a> = (&'static str, bool, Op<'a>, Check<'a>);
+
+/// A check that needs no waiting.
+fn now<'a>(mut f: impl FnMut() -> bool + 'a) -> Check<'a> {
+    Box::new(move || {
+        let good = f();
+        Box::pin(async move { good })
+    })
+}
 
 /// Runs every op `reps` times, interleaved (rotated order each round), after one warm-up each;
 /// each result is checked (untimed); `verified` turns false on the first wrong one.
@@ -68,7 +78,7 @@ async fn interleave(
     let mut times = vec![Vec::new(); n];
     for (_, _, op, check) in ops.iter_mut() {
         op().await?;
-        *verified &= check();
+        *verified &= check().await;
     }
     for round in 0..reps {
         for k in 0..n {
@@ -76,7 +86,7 @@ async fn interleave(
             let t = now_ms();
             (ops[i].2)().await?;
             times[i].push(now_ms() - t);
-            *verified &= (ops[i].3)();
+            *verified &= (ops[i].3)().await;
         }
     }
     Ok(ops
@@ -171,7 +181,35 @@ pub async fn run(a: &'static WgpuAllocator, size: usize, reps: usize) -> devallo
     let ours = a.allocate(n as usize, 0, DEFAULT_ALIGNMENT)?;
     let belt = RefCell::new(wgpu::util::StagingBelt::new(device.clone(), n.max(1 << 20)));
 
-    let yes = || Box::new(|| true) as Box<dyn FnMut() -> bool>;
+    // Each upload writes one of two patterns, the other than its last, and is read back
+    // (untimed): an upload that did not happen shows.
+    let alt: Vec<u8> = data.iter().map(|b| !b).collect();
+    let pats = [&data, &alt];
+    let checker = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("upload check"),
+        size: n,
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let holds = |src: &wgpu::Buffer, want: &[u8]| {
+        let mut enc = device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(src, 0, &checker, 0, n);
+        queue.submit([enc.finish()]);
+        let (checker, device) = (&checker, &device);
+        let want = want.to_vec();
+        async move {
+            let good = mapped(device, checker, n).await.is_ok()
+                && checker.get_mapped_range(..).is_ok_and(|view| view[..] == want[..]);
+            checker.unmap();
+            good
+        }
+    };
+    let turns = [std::cell::Cell::new(0usize), std::cell::Cell::new(0usize), std::cell::Cell::new(0usize)];
+    let next = |k: usize| {
+        turns[k].set(turns[k].get() + 1);
+        pats[turns[k].get() % 2]
+    };
+    let last = |k: usize| pats[turns[k].get() % 2];
     let mut verified = true;
     let mut up: Vec<Method<'_>> = vec![
         (
@@ -179,23 +217,24 @@ pub async fn run(a: &'static WgpuAllocator, size: usize, reps: usize) -> devallo
             false,
             Box::new(|| {
                 Box::pin(async {
-                    queue.write_buffer(&wb, 0, &data);
+                    queue.write_buffer(&wb, 0, next(0));
                     queue.submit([]);
                     a.synchronize_async(0).await
                 })
             }),
-            yes(),
+            Box::new(|| Box::pin(holds(&wb, last(0)))),
         ),
         (
             "StagingBelt",
             false,
             Box::new(|| {
                 Box::pin(async {
+                    let src = next(1);
                     let mut enc = device.create_command_encoder(&Default::default());
                     {
                         let mut belt = belt.borrow_mut();
                         belt.write_buffer(&mut enc, &bb, 0, wgpu::BufferSize::new(n).expect("non-empty"))
-                            .copy_from_slice(&data);
+                            .copy_from_slice(src);
                         belt.finish();
                     }
                     queue.submit([enc.finish()]);
@@ -203,24 +242,29 @@ pub async fn run(a: &'static WgpuAllocator, size: usize, reps: usize) -> devallo
                     a.synchronize_async(0).await
                 })
             }),
-            yes(),
+            Box::new(|| Box::pin(holds(&bb, last(1)))),
         ),
         (
             "devalloc",
             true,
             Box::new(|| {
                 Box::pin(async {
-                    a.copy_host_to_device_async(ours, &data, 0).await?;
+                    a.copy_host_to_device_async(ours, next(2), 0).await?;
                     a.synchronize_async(0).await
                 })
             }),
-            yes(),
+            Box::new(|| {
+                Box::pin(async {
+                    let mut back = vec![0u8; n as usize];
+                    a.copy_device_to_host_async(&mut back, ours, 0).await.is_ok() && back[..] == last(2)[..]
+                })
+            }),
         ),
     ];
     let up = interleave(&mut up, reps, size, &mut verified).await?;
 
-    // The downloads read what the uploads wrote (so they verify the uploads too); each copies
-    // into host memory, and every result is compared with `data`, untimed.
+    // The downloads read `data` from the buffers (written here, untimed); each copies into
+    // host memory, and every result is compared with `data`, untimed.
     let reused = device.create_buffer(&wgpu::BufferDescriptor {
         label: Some("reused staging"),
         size: n,
@@ -232,27 +276,31 @@ pub async fn run(a: &'static WgpuAllocator, size: usize, reps: usize) -> devallo
         enc.copy_buffer_to_buffer(src, 0, dst, 0, n);
         queue.submit([enc.finish()]);
     };
+    queue.write_buffer(&wb, 0, &data);
+    queue.write_buffer(&bb, 0, &data);
+    a.copy_host_to_device_async(ours, &data, 0).await?;
+    a.synchronize_async(0).await?;
     let outs: Vec<Rc<RefCell<Vec<u8>>>> =
         (0..3).map(|_| Rc::new(RefCell::new(vec![0u8; n as usize]))).collect();
     let shared = std::sync::Arc::new(std::sync::Mutex::new(vec![0u8; n as usize]));
     let ok = |k: usize| {
         let out = Rc::clone(&outs[k]);
         let data = &data;
-        Box::new(move || {
+        now(move || {
             let good = out.borrow()[..] == data[..];
             out.borrow_mut().fill(0);
             good
-        }) as Box<dyn FnMut() -> bool + '_>
+        })
     };
     let shared_ok = {
         let shared = std::sync::Arc::clone(&shared);
         let data = &data;
-        Box::new(move || {
+        now(move || {
             let mut v = shared.lock().unwrap();
             let good = v[..] == data[..];
             v.fill(0);
             good
-        }) as Box<dyn FnMut() -> bool + '_>
+        })
     };
     let mut down_ops: Vec<Method<'_>> = vec![
         (
