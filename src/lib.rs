@@ -162,6 +162,7 @@ mod ptr;
 mod registry;
 mod snapshot;
 mod storage;
+mod sync;
 #[cfg(feature = "wgpu")]
 mod wgpu;
 

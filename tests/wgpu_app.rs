@@ -767,3 +767,55 @@ fn after_destroy_range_checks_buffers_and_bindings_are_device_lost_and_bookkeepi
         assert_eq!(a.stats(0).unwrap().live_allocations, 0);
     }
 }
+
+/// A panic that comes out of wgpu while devalloc polls (here the app's own map callback, which
+/// devalloc's poll runs; wgpu-core 30.0.2 also panics on a healthy device when polls race) is
+/// not a loss while the device is valid: every call goes on working, and the app hears of no
+/// loss. Once the device is destroyed, such a panic (which drops wgpu's own lost callback along
+/// with the callbacks after it) is still found to be a loss.
+#[test]
+fn a_panic_inside_a_poll_is_a_loss_only_once_the_device_is_invalid() {
+    for backend in BACKENDS {
+        for route in [Route::Staged, Route::Direct] {
+            let Some((device, queue)) = app_device_mappable(backend) else { continue };
+            let watch = Watched::on(&device);
+            let options = WgpuOptions {
+                route: Some(route),
+                on_device_lost: Some(watch.on_lost()),
+                ..WgpuOptions::default()
+            };
+            let Ok(a) = WgpuAllocator::from_device_with(device.clone(), queue, options) else { continue };
+            let what = format!("{backend:?} {route:?}");
+            let p = a.allocate(4096, 0, DEFAULT_ALIGNMENT).unwrap();
+            a.copy_host_to_device(p, &[9u8; 4096], 0).unwrap();
+            let panicking_map = || {
+                let b = device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("app's buffer"),
+                    size: 16,
+                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                });
+                b.slice(..).map_async(wgpu::MapMode::Read, |_| panic!("the app's map callback panics"));
+                b
+            };
+            // Healthy: the next poll (devalloc's range check) runs the callback, which panics.
+            let _b = panicking_map();
+            a.check_range(p, 4096, 0).unwrap_or_else(|e| panic!("{what}: after a panic in a poll: {e}"));
+            let mut back = vec![0u8; 4096];
+            a.copy_device_to_host(&mut back, p, 0).unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(back, vec![9u8; 4096], "{what}");
+            a.copy_host_to_device(p, &[10u8; 4096], 0).unwrap_or_else(|e| panic!("{what}: {e}"));
+            pollster::block_on(a.copy_device_to_host_async(&mut back, p, 0)).unwrap();
+            assert_eq!(back, vec![10u8; 4096], "{what}");
+            assert_eq!(watch.fired.load(Ordering::SeqCst), 0, "{what}: a healthy device was reported lost");
+            // Destroyed: the panic comes in the poll that would have reported the loss.
+            let _c = panicking_map();
+            device.destroy();
+            let r = a.check_range(p, 4096, 0);
+            assert!(matches!(r, Err(Error::DeviceLost { .. })), "{what}: after destroy and a panic: {r:?}");
+            let r = a.copy_device_to_host(&mut back, p, 0);
+            assert!(matches!(r, Err(Error::DeviceLost { .. })), "{what}: a read after it: {r:?}");
+            watch.heard_once(&what);
+        }
+    }
+}

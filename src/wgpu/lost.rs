@@ -1,17 +1,28 @@
-//! Noticing a lost device: one [`LostRecord`] per `wgpu::Device`, shared by every allocator on
-//! that device.
+//! Is this failure a device loss? Every path of the wgpu backend asks here: one
+//! [`LostRecord`] per `wgpu::Device`, shared by every allocator on that device.
 //!
 //! wgpu 30 keeps one lost callback per device (a second replaces the first, and there is no
 //! getter), fires it only from a poll once the queue is idle, and keeps device-lost errors out
 //! of error scopes. So the first allocator on a device sets the callback, which records the
 //! loss here and then calls the app's [`super::WgpuOptions::on_device_lost`] once; every later
-//! allocator on the same device shares the record. Each devalloc call first polls the device
-//! without blocking (so an idle device reports its loss at once) and then reads the record,
-//! except calls that poll anyway (waits) and uploads where wgpu-core runs the device: wgpu
-//! refuses their work at once on a device that is no longer valid (`write_buffer_with` gives
-//! `None`, a staging re-map fails), and they then wait for the loss to be reported. A poll
-//! costs ~150 ns on Vulkan but ~1.5 us on GL (it takes the context lock), more than a small
-//! upload's own work there.
+//! allocator on the same device shares the record. The decisions:
+//!
+//! - **Before a call** ([`LostRecord::check`]): poll without blocking (an idle device reports
+//!   its loss at once), then read the record. Calls that poll anyway (waits) and uploads where
+//!   wgpu-core runs the device skip it: wgpu refuses their work at once on a device that is no
+//!   longer valid (`write_buffer_with` gives `None`, a staging re-map fails). A poll costs
+//!   ~150 ns on Vulkan but ~1.5 us on GL (it takes the context lock).
+//! - **After a failure** ([`LostRecord::or_lost`]): let a poll half-way on another thread run
+//!   its lost callback, read the record, and where wgpu refused something without reporting a
+//!   loss, ask wgpu whether the device is still valid ([`LostRecord::device_invalid`]: a 4-byte
+//!   write into a probe buffer of devalloc's is refused exactly when it is not). A device
+//!   destroyed with work still queued is invalid at once but reported only once that work is
+//!   done: [`LostRecord::settle`] waits for the report (a second at most), then records the
+//!   loss itself.
+//! - **After a panic inside wgpu** ([`LostRecord::after_panic`]): a real driver-level loss makes
+//!   `Device::poll` panic, but so does a race inside wgpu-core 30.0.2 on a healthy device (see
+//!   `platform/native.rs`). A panic is a loss only once the probe says the device is invalid;
+//!   otherwise it is logged and the device keeps working.
 #![deny(unsafe_code)]
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,31 +32,47 @@ use super::options::DeviceLostHandler;
 use super::platform;
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::sync::lock;
+
+/// A 4-byte buffer of devalloc's own and the queue, for asking wgpu whether the device is valid.
+struct Probe {
+    queue: wgpu::Queue,
+    buffer: wgpu::Buffer,
+}
 
 /// Whether (and why) one wgpu device is lost.
 pub(crate) struct LostRecord {
+    device: wgpu::Device,
     lost: AtomicBool,
     reason: Mutex<String>,
     on_lost: Mutex<Option<DeviceLostHandler>>,
     /// Its key in the platform's table of records.
     serial: u64,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+    /// `None` where wgpu-core does not run the device (browser WebGPU), or wgpu refused it.
+    probe: Option<Probe>,
+    /// The device as the allocator that made the record names it (for log lines).
+    id: Device,
 }
 
 impl LostRecord {
     /// The record of `device`: the one another allocator made, or a new one that takes the
     /// device's lost callback. An `on_lost` handler for a device that already has one is refused.
-    pub fn of(device: &wgpu::Device, on_lost: Option<DeviceLostHandler>) -> Result<Arc<LostRecord>> {
+    pub fn of(
+        device: &wgpu::Device,
+        queue: &wgpu::Queue,
+        id: Device,
+        on_lost: Option<DeviceLostHandler>,
+    ) -> Result<Arc<LostRecord>> {
         let mut handler = on_lost;
         let record = platform::record_of(device, |serial| {
             let record = Arc::new(LostRecord {
+                device: device.clone(),
                 lost: AtomicBool::new(false),
                 reason: Mutex::new(String::new()),
                 on_lost: Mutex::new(handler.take()),
                 serial,
+                probe: Probe::new(device, queue, id),
+                id,
             });
             let weak: Weak<LostRecord> = Arc::downgrade(&record);
             device.set_device_lost_callback(move |reason, message| {
@@ -94,9 +121,9 @@ impl LostRecord {
 
     /// [`Error::DeviceLost`] if the device is lost, after a poll that does not block (which
     /// fires the lost callback on an idle device that was destroyed or lost).
-    pub fn check(&self, device: &wgpu::Device, id: Device) -> Result<()> {
-        if !self.is_lost() && !platform::poll_now(device) {
-            self.mark(None, "polling the device panicked (a driver-level loss)");
+    pub fn check(&self, id: Device) -> Result<()> {
+        if !self.is_lost() && !platform::poll_now(&self.device) {
+            self.after_panic("polling the device");
         }
         if self.is_lost() {
             return Err(self.error(id));
@@ -107,6 +134,98 @@ impl LostRecord {
     /// The [`Error::DeviceLost`] of device `id`.
     pub fn error(&self, id: Device) -> Error {
         Error::DeviceLost { device: id, reason: lock(&self.reason).clone() }
+    }
+
+    /// `r`, or [`Error::DeviceLost`] when it failed because the device is lost (see the module
+    /// docs).
+    pub fn or_lost<T>(&self, id: Device, r: Result<T>) -> Result<T> {
+        if let Err(e) = &r {
+            // A poll on another thread may have failed this call (a destroyed device's buffers
+            // go first) and be about to run the lost callback: let it finish.
+            platform::finish_polls();
+            self.check(id)?;
+            // wgpu refused something, and has not reported a loss: a device destroyed with
+            // work still queued is invalid at once but reported only once that work is done.
+            if matches!(e, Error::Backend { .. }) && self.device_invalid() == Some(true) {
+                return Err(self.settle(id));
+            }
+        }
+        r
+    }
+
+    /// After wgpu refused work because the device is no longer valid (destroyed or lost): waits
+    /// for wgpu to report the loss (it does once the queue is empty: up to a second here), and
+    /// returns it. If wgpu still has not reported it, devalloc records the loss itself.
+    pub fn settle(&self, id: Device) -> Error {
+        if !self.is_lost() {
+            platform::finish_polls();
+            if !platform::poll_until_idle(&self.device) {
+                self.after_panic("polling the device");
+            }
+        }
+        if !self.is_lost() {
+            self.mark(
+                None,
+                "the device is no longer valid (destroyed or lost), and wgpu had not reported it after its queue was given a second to finish",
+            );
+        }
+        self.error(id)
+    }
+
+    /// Whether wgpu-core (where it runs the device: native, WebGL2) says the device is no longer
+    /// valid: a 4-byte write into the probe buffer is refused (`None`) exactly then (an
+    /// out-of-memory refusal is caught by the scope, and counts as "valid"). `None` where it
+    /// cannot tell.
+    pub fn device_invalid(&self) -> Option<bool> {
+        let probe = self.probe.as_ref()?;
+        let size = wgpu::BufferSize::new(4).expect("non-zero");
+        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let refused = probe.queue.write_buffer_with(&probe.buffer, 0, size).is_none();
+        let (oom, validation) = (oom.pop(), validation.pop());
+        let caught =
+            platform::settle(async { oom.await.or(validation.await) }, self.id, "probing the device");
+        Some(refused && caught.is_none())
+    }
+
+    /// A panic came out of wgpu during `what`: a loss if the device is no longer valid (or that
+    /// cannot be told), else logged, and the device keeps working.
+    pub fn after_panic(&self, what: &str) {
+        if self.is_lost() {
+            return;
+        }
+        match self.device_invalid() {
+            Some(false) => log::warn!(
+                "devalloc: {what} panicked inside wgpu, but the device is still valid: carrying on \
+                 (wgpu-core 30.0.2 asserts in Device::maintain when polls race, gfx-rs/wgpu#9958)"
+            ),
+            Some(true) => {
+                self.mark(None, &format!("{what} panicked inside wgpu and the device is no longer valid"))
+            }
+            None => self.mark(None, &format!("{what} panicked inside wgpu (taken as a driver-level loss)")),
+        }
+    }
+}
+
+impl Probe {
+    /// The probe of `device`, where wgpu-core runs it (so that it refuses work on an invalid
+    /// device at once); made inside error scopes, so a refusal never reaches the app's handler.
+    fn new(device: &wgpu::Device, queue: &wgpu::Queue, id: Device) -> Option<Probe> {
+        if !platform::wgpu_core_inside(&device.adapter_info()) {
+            return None;
+        }
+        let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let oom = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let buffer = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("devalloc device probe"),
+            size: 4,
+            usage: wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let (oom, validation) = (oom.pop(), validation.pop());
+        let caught =
+            platform::settle(async { oom.await.or(validation.await) }, id, "making the probe buffer");
+        caught.is_none().then(|| Probe { queue: queue.clone(), buffer })
     }
 }
 

@@ -86,8 +86,6 @@ pub struct WgpuStorage {
     queued_writes: AtomicU64,
     /// How many of those a submission of devalloc's has carried at least.
     flushed_writes: AtomicU64,
-    /// A 4-byte buffer of devalloc's own, for asking wgpu whether the device is still valid.
-    probe: Option<wgpu::Buffer>,
 }
 
 impl WgpuStorage {
@@ -100,7 +98,7 @@ impl WgpuStorage {
         route: Route,
         options: &WgpuOptions,
     ) -> Result<Self> {
-        let lost = LostRecord::of(&device, options.on_device_lost.clone())?;
+        let lost = LostRecord::of(&device, &queue, id, options.on_device_lost.clone())?;
         let info = device.adapter_info();
         let limits = device.limits();
         let max_buffer = floor4(limits.max_buffer_size);
@@ -108,7 +106,7 @@ impl WgpuStorage {
         let belt = Belt::new(&info, chunk, options.staging_budget, max_buffer);
         let waiter = Waiter::new(&device, &lost);
         let default_usage = Self::full_usage(route, options.usage);
-        let mut storage = WgpuStorage {
+        Ok(WgpuStorage {
             device,
             queue,
             id,
@@ -122,13 +120,7 @@ impl WgpuStorage {
             max_buffer,
             queued_writes: AtomicU64::new(0),
             flushed_writes: AtomicU64::new(0),
-            probe: None,
-        };
-        // Without a probe (wgpu refused to make it), a failure is named a loss only once wgpu
-        // reports one.
-        storage.probe =
-            storage.create("devalloc device probe", COPY_ALIGN, wgpu::BufferUsages::COPY_DST, false).ok();
-        Ok(storage)
+        })
     }
 
     /// `usage` plus what devalloc needs: copies both ways, and mapping on the direct route.
@@ -147,7 +139,7 @@ impl WgpuStorage {
 
     /// [`crate::Error::DeviceLost`] once the device is lost (polls first, without blocking).
     pub(crate) fn check_lost(&self) -> Result<()> {
-        self.lost.check(&self.device, self.id)
+        self.lost.check(self.id)
     }
 
     /// A buffer made inside error scopes.
@@ -301,20 +293,10 @@ impl WgpuStorage {
         Ok(())
     }
 
-    /// `r`, or [`crate::Error::DeviceLost`] when it failed because the device is lost.
+    /// `r`, or [`crate::Error::DeviceLost`] when it failed because the device is lost (the
+    /// decision is `lost.rs`'s).
     pub(crate) fn or_lost<T>(&self, r: Result<T>) -> Result<T> {
-        if let Err(e) = &r {
-            // A poll on another thread may have failed this call (a destroyed device's buffers
-            // go first) and be about to run the lost callback: let it finish.
-            platform::finish_polls();
-            self.check_lost()?;
-            // wgpu refused something, and has not reported a loss: a device destroyed with
-            // work still queued is invalid at once but reported only once that work is done.
-            if matches!(e, crate::Error::Backend { .. }) && self.device_invalid() {
-                return Err(self.settle_loss());
-            }
-        }
-        r
+        self.lost.or_lost(self.id, r)
     }
 
     /// Waits for all submitted work (blocking; in the browser: `NotSupported`, use the async).
@@ -343,33 +325,10 @@ impl WgpuStorage {
         self.spoil_on(block, r)
     }
 
-    /// After wgpu refused work because the device is no longer valid (destroyed or lost): waits
-    /// for wgpu to report the loss (it does once the queue is empty: up to a second here), and
-    /// returns it. If wgpu still has not reported it, devalloc records the loss itself.
+    /// After wgpu refused work because the device is no longer valid: the loss, once wgpu has
+    /// reported it (see `LostRecord::settle`).
     pub(crate) fn settle_loss(&self) -> crate::Error {
-        if !self.lost.is_lost() {
-            platform::finish_polls();
-            platform::poll_until_idle(&self.device);
-        }
-        if !self.lost.is_lost() {
-            self.lost.mark(
-                None,
-                "the device is no longer valid (destroyed or lost), and wgpu had not reported it after its queue was given a second to finish",
-            );
-        }
-        self.lost.error(self.id)
-    }
-
-    /// Whether wgpu-core (where it runs the device: native, WebGL2) says the device is no longer
-    /// valid: a 4-byte write into devalloc's probe buffer is refused (`None`) exactly then (an
-    /// out-of-memory refusal is caught by the scope). `false` where it cannot tell.
-    fn device_invalid(&self) -> bool {
-        let (Some(probe), true) = (&self.probe, self.belt.core) else { return false };
-        let size = wgpu::BufferSize::new(COPY_ALIGN).expect("non-zero");
-        self.scoped("probing the device", COPY_ALIGN, Raises::ValidationOrOom, || {
-            self.queue.write_buffer_with(probe, 0, size).is_none()
-        })
-        .unwrap_or(false)
+        self.lost.settle(self.id)
     }
 
     /// `r`; a wgpu failure (`Backend`) on a buffer the app holds, on a device that is fine,

@@ -4,7 +4,7 @@ use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, Weak};
+use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
 use std::task::{Context, Poll, Waker};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -15,12 +15,9 @@ use super::MustWait;
 use crate::bounce::Mode;
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::sync::lock;
 use crate::wgpu::lost::LostRecord;
 use crate::wgpu::storage::WgpuStorage;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// Every blocking call is allowed on native.
 pub(crate) fn blocking_allowed(_s: &WgpuStorage, _what: MustWait) -> Result<()> {
@@ -43,14 +40,22 @@ pub(crate) fn poll_now(device: &wgpu::Device) -> bool {
 }
 
 /// Polls until the queue is empty (at most a second): what a device destroyed by the app needs
-/// before wgpu fires its lost callback. False when wgpu panicked.
+/// before wgpu fires its lost callback. Non-blocking polls with short sleeps, never a wait
+/// with a timeout (see [`poll_loop`]). False when wgpu panicked.
 pub(crate) fn poll_until_idle(device: &wgpu::Device) -> bool {
     let _polling = POLLS.read().unwrap_or_else(|e| e.into_inner());
-    let wait = wgpu::PollType::Wait { submission_index: None, timeout: Some(Duration::from_secs(1)) };
-    catch_unwind(AssertUnwindSafe(|| {
-        let _ = device.poll(wait);
-    }))
-    .is_ok()
+    let deadline = std::time::Instant::now() + Duration::from_secs(1);
+    let mut pause = MIN_PAUSE;
+    loop {
+        match catch_unwind(AssertUnwindSafe(|| device.poll(wgpu::PollType::Poll))) {
+            Err(_) => return false,
+            Ok(Ok(wgpu::PollStatus::QueueEmpty) | Err(_)) => return true,
+            Ok(Ok(_)) if std::time::Instant::now() >= deadline => return true,
+            Ok(Ok(_)) => {}
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(MAX_PAUSE);
+    }
 }
 
 /// Returns once no short poll of devalloc's is half-way (at most one poll slice): its
@@ -142,9 +147,11 @@ pub(crate) fn forget_record(serial: u64) {
     lock(&RECORDS).retain(|(_, s, _)| *s != serial);
 }
 
-/// How long one poll of the polling thread may wait: short, since a waiting poll holds the
-/// device's locks (on GL the context lock too) and so stalls other threads' calls meanwhile.
-const POLL_SLICE: Duration = Duration::from_millis(2);
+/// The polling thread's first pause between two polls; the pause doubles up to [`MAX_PAUSE`]
+/// while nothing new arrives, and starts again at this when a new wait does.
+const MIN_PAUSE: Duration = Duration::from_micros(10);
+/// The longest pause of the polling thread between two polls.
+const MAX_PAUSE: Duration = Duration::from_micros(500);
 
 struct PollerState {
     watchers: usize,
@@ -153,6 +160,8 @@ struct PollerState {
     wakers: Vec<(u64, Waker)>,
     /// Waiters that give up once the device has been idle twice without their callback.
     idle_wakers: Vec<Waker>,
+    /// A wait arrived since the last poll: poll again soon.
+    fresh: bool,
     stop: bool,
 }
 
@@ -175,7 +184,13 @@ pub(crate) struct Waiter {
 
 impl Waiter {
     pub(crate) fn new(device: &wgpu::Device, lost: &Arc<LostRecord>) -> Self {
-        let state = PollerState { watchers: 0, wakers: Vec::new(), idle_wakers: Vec::new(), stop: false };
+        let state = PollerState {
+            watchers: 0,
+            wakers: Vec::new(),
+            idle_wakers: Vec::new(),
+            fresh: false,
+            stop: false,
+        };
         let shared = PollerShared {
             device: device.clone(),
             lost: Arc::clone(lost),
@@ -191,6 +206,7 @@ impl Waiter {
             let mut st = lock(&self.shared.state);
             if first {
                 st.watchers += 1;
+                st.fresh = true;
             }
             match st.wakers.iter_mut().find(|(i, _)| *i == id) {
                 Some((_, w)) if w.will_wake(waker) => {}
@@ -233,7 +249,19 @@ impl Drop for Waiter {
     }
 }
 
+/// The polling thread: while anyone waits, polls without blocking (`PollType::Poll`) and
+/// pauses between polls, from [`MIN_PAUSE`] doubling to [`MAX_PAUSE`].
+///
+/// Never a `PollType::Wait` with a timeout: in wgpu-core 30.0.2, `Device::maintain` reads the
+/// fence after a timed-out wait and asserts that an empty queue means the fence reached the
+/// waited index; when another thread's poll (with a newer fence value) retires the last
+/// submission in between, the assertion panics on a healthy device ("If the queue is empty,
+/// the current submission index (N) should be at least the wait submission index (N+2)";
+/// fixed upstream after 30.0.2, gfx-rs/wgpu#9958). A non-blocking poll never asserts, and it
+/// holds no lock of the device while the thread pauses (a waiting poll holds the device's
+/// snatch lock, and on GL the context lock, for the whole wait).
 fn poll_loop(shared: &PollerShared) {
+    let mut pause = MIN_PAUSE;
     loop {
         {
             let mut st = lock(&shared.state);
@@ -243,30 +271,33 @@ fn poll_loop(shared: &PollerShared) {
             if st.stop {
                 return;
             }
+            if std::mem::take(&mut st.fresh) {
+                pause = MIN_PAUSE;
+            }
         }
-        let wait = wgpu::PollType::Wait { submission_index: None, timeout: Some(POLL_SLICE) };
         let polled = {
             let _polling = POLLS.read().unwrap_or_else(|e| e.into_inner());
-            catch_unwind(AssertUnwindSafe(|| shared.device.poll(wait)))
+            catch_unwind(AssertUnwindSafe(|| shared.device.poll(wgpu::PollType::Poll)))
         };
         match polled {
-            Err(_) => shared.lost.mark(None, "polling the device panicked (a driver-level loss)"),
+            Err(_) => shared.lost.after_panic("polling the device"),
             Ok(Ok(wgpu::PollStatus::QueueEmpty)) => {
                 shared.idle_polls.fetch_add(1, Ordering::Relaxed);
                 let idle = std::mem::take(&mut lock(&shared.state).idle_wakers);
                 idle.into_iter().for_each(Waker::wake);
-                std::thread::sleep(Duration::from_micros(50));
             }
-            Ok(Ok(_) | Err(wgpu::PollError::Timeout)) => {}
-            Ok(Err(e)) => {
-                log::warn!("devalloc: polling a device: {e}");
-                std::thread::sleep(POLL_SLICE);
-            }
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => log::warn!("devalloc: polling a device: {e}"),
         }
         if shared.lost.is_lost() {
             let wakers = std::mem::take(&mut lock(&shared.state).wakers);
             wakers.into_iter().for_each(|(_, w)| w.wake());
         }
+        let st = lock(&shared.state);
+        if st.watchers > 0 && !st.stop && !st.fresh {
+            drop(shared.cv.wait_timeout(st, pause).unwrap_or_else(|e| e.into_inner()));
+        }
+        pause = (pause * 2).min(MAX_PAUSE);
     }
 }
 
@@ -363,9 +394,11 @@ fn block_until<T>(
             Ok(None) if idle_gives_up && idle >= 2 => return Err(Ended::Idle),
             Ok(None) => {}
         }
+        // Without a timeout: a wait returns only once the fence has reached the index it read,
+        // so wgpu-core's assertion after it holds (see `poll_loop`).
         let wait = wgpu::PollType::Wait { submission_index: index.clone(), timeout: None };
         match catch_unwind(AssertUnwindSafe(|| s.device.poll(wait))) {
-            Err(_) => s.lost.mark(None, "polling the device panicked (a driver-level loss)"),
+            Err(_) => s.lost.after_panic("waiting for the device"),
             Ok(Err(e)) => {
                 log::error!("devalloc: polling {}: {e}", s.id);
                 return take().ok().flatten().ok_or(Ended::Gone);
