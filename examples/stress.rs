@@ -85,7 +85,7 @@ fn run_thread(
     stop: &AtomicBool,
     done: &AtomicU64,
 ) -> Result<(), String> {
-    let mut rng = Rng((args.seed.wrapping_add(1)).wrapping_mul(0x9e37_79b9) ^ (t + 1) * 0x5851_f42d);
+    let mut rng = Rng(args.seed.wrapping_add(1).wrapping_mul(0x9e37_79b9) ^ ((t + 1) * 0x5851_f42d));
     let mut mine: Held = Vec::new();
     let wgpu = a.device_type() != devalloc::DeviceType::Cpu;
     for step in 0..args.ops {

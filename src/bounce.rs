@@ -44,7 +44,10 @@ pub(crate) async fn bounce(dst: End<'_>, src: End<'_>, nbytes: usize, mode: Mode
         let (s, d) = (src.ptr.offset(done)?, dst.ptr.offset(done)?);
         match mode {
             Mode::Blocking => src.alloc.copy_device_to_host(&mut buf[..n], s, src.index)?,
-            Mode::Async => src.alloc.copy_device_to_host_async(&mut buf[..n], s, src.index).await?,
+            Mode::Async => {
+                src.alloc.copy_device_to_host_async(&mut buf[..n], s, src.index).await?;
+                yield_now().await;
+            }
         }
         match mode {
             Mode::Blocking => dst.alloc.copy_host_to_device(d, &buf[..n], dst.index)?,
@@ -65,4 +68,22 @@ pub(crate) fn run_blocking<T>(fut: impl std::future::Future<Output = T>) -> T {
         Poll::Ready(v) => v,
         Poll::Pending => pollster::block_on(fut),
     }
+}
+
+/// Gives the executor back once: wakes its own task and returns `Pending` the first time it is
+/// polled, `Ready` the next. An async copy awaits it between chunks, so that one poll of the
+/// copy does at most one chunk's work however quickly the device answers.
+pub(crate) async fn yield_now() {
+    struct YieldNow(bool);
+    impl std::future::Future for YieldNow {
+        type Output = ();
+        fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+            if std::mem::replace(&mut self.0, true) {
+                return std::task::Poll::Ready(());
+            }
+            cx.waker().wake_by_ref();
+            std::task::Poll::Pending
+        }
+    }
+    YieldNow(false).await
 }

@@ -5,7 +5,7 @@
 #[macro_use]
 mod conformance;
 
-use devalloc::{HostAllocator, PoolConfig};
+use devalloc::{DeviceAllocator, HostAllocator, PoolConfig, DEFAULT_ALIGNMENT};
 
 fn host(config: PoolConfig) -> conformance::Made {
     conformance::ready(HostAllocator::with_config(config))
@@ -64,4 +64,32 @@ mod cramped {
     fn model_check() {
         conformance::model::model_check(cramped, cases(64));
     }
+}
+
+/// An async copy gives its executor back every 4 MiB (the host storage's async chunk): 64 MiB
+/// uploads, downloads and copies (overlapping ones included) return `Pending` at least 15 times,
+/// and every byte arrives.
+#[test]
+#[cfg_attr(miri, ignore = "64 MiB copies take hours under Miri")]
+fn an_async_copy_does_at_most_one_chunk_of_work_per_poll() {
+    let a = HostAllocator::new();
+    let n = 64 << 20;
+    let data = conformance::pattern(n, 5);
+    let p = a.allocate(n + 4096, 0, DEFAULT_ALIGNMENT).unwrap();
+    let (r, polls) = conformance::polls_until_ready(a.copy_host_to_device_async(p, &data, 0));
+    r.unwrap();
+    assert!(polls >= 15, "a 64 MiB upload was Pending only {polls} times");
+    let mut back = vec![0u8; n];
+    let (r, polls) = conformance::polls_until_ready(a.copy_device_to_host_async(&mut back, p, 0));
+    r.unwrap();
+    assert!(polls >= 15, "a 64 MiB download was Pending only {polls} times");
+    assert!(back == data, "the download differs");
+    // Overlapping, the destination above the source: piece by piece from the end.
+    let (r, polls) =
+        conformance::polls_until_ready(a.copy_device_to_device_async(p.offset(4096).unwrap(), 0, p, 0, n));
+    r.unwrap();
+    assert!(polls >= 15, "a 64 MiB copy was Pending only {polls} times");
+    a.copy_device_to_host(&mut back, p.offset(4096).unwrap(), 0).unwrap();
+    assert!(back == data, "the overlapping copy differs");
+    a.deallocate(p, 0).unwrap();
 }

@@ -515,6 +515,42 @@ fn an_async_download_returns_pending_and_its_data_arrive() {
     }
 }
 
+/// No async copy does more than one chunk of work per poll, even where the device has finished
+/// everything by the next poll (as lavapipe has): with 1 MiB staging chunks, 16 MiB uploads,
+/// downloads and ragged copies (through the host) return `Pending` at least 15 times, on both
+/// routes, Vulkan and GL, and every byte arrives.
+#[test]
+fn an_async_copy_does_at_most_one_chunk_of_work_per_poll() {
+    for backend in BACKENDS {
+        for route in [Route::Staged, Route::Direct] {
+            let Some((device, queue)) = app_device_mappable(backend) else { continue };
+            let options =
+                WgpuOptions { route: Some(route), staging_chunk: Some(1 << 20), ..WgpuOptions::default() };
+            let Ok(a) = WgpuAllocator::from_device_with(device, queue, options) else { continue };
+            let what = format!("{backend:?} {route:?}");
+            let n = 16 << 20;
+            let data = conformance::pattern(n, 21);
+            let p = a.allocate(n, 0, DEFAULT_ALIGNMENT).unwrap();
+            let q = a.allocate(n, 0, DEFAULT_ALIGNMENT).unwrap();
+            let (r, polls) = conformance::polls_until_ready(a.copy_host_to_device_async(p, &data, 0));
+            r.unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert!(polls >= 15, "{what}: a 16 MiB upload was Pending only {polls} times");
+            let mut back = vec![0u8; n];
+            let (r, polls) = conformance::polls_until_ready(a.copy_device_to_host_async(&mut back, p, 0));
+            r.unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert!(polls >= 15, "{what}: a 16 MiB download was Pending only {polls} times");
+            assert!(back == data, "{what}: the download differs");
+            let ragged =
+                a.copy_device_to_device_async(q.offset(1).unwrap(), 0, p.offset(3).unwrap(), 0, n - 8);
+            let (r, polls) = conformance::polls_until_ready(ragged);
+            r.unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert!(polls >= 15, "{what}: a 16 MiB ragged copy was Pending only {polls} times");
+            a.copy_device_to_host(&mut back[..n - 8], q.offset(1).unwrap(), 0).unwrap();
+            assert!(back[..n - 8] == data[3..n - 5], "{what}: the ragged copy differs");
+        }
+    }
+}
+
 #[test]
 fn with_the_debug_setting_a_freed_buffer_is_never_handed_out_again() {
     for backend in BACKENDS {

@@ -9,6 +9,7 @@
 //! - on adapters with unified memory and `MAPPABLE_PRIMARY_BUFFERS`: a hand-written map of a
 //!   mappable storage buffer against devalloc's direct route, and the per-call overhead;
 //! - `memcpy` as the ceiling; the first (cold) call of every method beside the medians;
+//! - async copies: the first poll's time (bounded work per poll), the whole copy, the polls;
 //! - 4-byte download latency; the alloc cycle bare and with first use; what devalloc's checks
 //!   cost per call (pointer lookup, lost-device poll, error scopes); staging memory held.
 //!
@@ -19,6 +20,7 @@
 mod common;
 #[cfg(feature = "cuda")]
 mod cuda;
+mod first_poll;
 mod history;
 mod peers;
 mod wgpu_routes;
@@ -47,6 +49,10 @@ fn main() {
         if only.is_empty() || only.contains(&name) {
             wgpu_routes::run(name, backend, quick);
         }
+    }
+    if only.is_empty() || only.contains(&"host") {
+        let host = devalloc::HostAllocator::new();
+        first_poll::run("host", &host, 1 << 30, quick);
     }
     if only.is_empty() || only.contains(&"history") {
         history::run(quick);

@@ -65,6 +65,10 @@ pub fn run(name: &str, backend: wgpu::Backend, quick: bool) {
         Some(d) => direct_route(d, max, quick),
         None => println!("\n(no direct route: the adapter lacks unified memory or MAPPABLE_PRIMARY_BUFFERS)"),
     }
+    crate::first_poll::run("staged route", &staged, max, quick);
+    if let Some(d) = &direct {
+        crate::first_poll::run("direct route", d, max, quick);
+    }
     latency(&staged, direct.as_ref(), quick);
     alloc_cycle(&staged, quick);
     check_costs(&staged);

@@ -51,7 +51,7 @@ use futures_channel::oneshot;
 use super::platform::{self, CAN_BLOCK};
 use super::scope::Raises;
 use super::storage::{ceil4, floor4, MapResult, WgpuBlock, WgpuStorage, COPY_ALIGN};
-use crate::bounce::Mode;
+use crate::bounce::{yield_now, Mode};
 use crate::error::Result;
 
 /// Chunks of a download in flight at once.
@@ -349,6 +349,9 @@ impl WgpuStorage {
             })?;
             remapped = belt.recycle_upload(self, staging, index);
             done += n;
+            if done < total && mode == Mode::Async {
+                yield_now().await;
+            }
         }
         match remapped {
             Some(true) => Ok(()),
@@ -417,6 +420,11 @@ impl WgpuStorage {
                 let mapped = self.map(&staging.buffer, wgpu::MapMode::Read, 0..n)?;
                 inflight.push_back((staging, pos, n, mapped, index));
                 pos += n;
+                // Async: one step per poll, a submission (which a software device may run
+                // inline) or a chunk's copy-out, so the pipeline fills over a few polls.
+                if mode == Mode::Async && inflight.len() < PIPELINE_DEPTH && pos < total {
+                    yield_now().await;
+                }
             }
             let Some((staging, cpos, n, mapped, index)) = inflight.pop_front() else { break };
             self.wait_mapped(mapped, Some(index), mode).await?;
@@ -433,6 +441,9 @@ impl WgpuStorage {
             }
             self.unmap(&staging.buffer);
             belt.return_download(staging);
+            if (pos < total || !inflight.is_empty()) && mode == Mode::Async {
+                yield_now().await;
+            }
         }
         Ok(())
     }

@@ -5,7 +5,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use super::lost::LostRecord;
+use super::lost::Loss;
 
 use super::options::Route;
 use super::storage::{aligned, WgpuStorage};
@@ -45,7 +45,7 @@ pub struct BufferRange {
     pub range: Range<u64>,
     device: Device,
     limits: BindLimits,
-    lost: Arc<LostRecord>,
+    lost: Arc<Loss>,
 }
 
 impl std::fmt::Debug for BufferRange {
@@ -90,7 +90,7 @@ impl BufferRange {
     /// buffer with the usage. Each refusal names the limit.
     pub fn binding(&self, kind: BindingKind) -> Result<wgpu::BufferBinding<'_>> {
         if self.lost.is_lost() {
-            return Err(self.lost.error(self.device));
+            return Err(self.lost.error());
         }
         let range = self.checked_range()?;
         let (offset, size) = (range.start, range.end - range.start);

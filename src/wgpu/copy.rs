@@ -6,7 +6,7 @@
 
 use super::platform;
 use super::storage::{aligned, WgpuBlock, WgpuStorage};
-use crate::bounce::{Mode, BOUNCE_CHUNK};
+use crate::bounce::{yield_now, Mode, BOUNCE_CHUNK};
 use crate::error::{Error, Result};
 
 impl WgpuStorage {
@@ -40,6 +40,9 @@ impl WgpuStorage {
             self.read_with(src, so + at, piece, mode).await?;
             self.write_with(dst, d_o + at, piece, mode).await?;
             done += n;
+            if done < len && mode == Mode::Async {
+                yield_now().await;
+            }
         }
         Ok(())
     }

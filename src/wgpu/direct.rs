@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
 use super::storage::{ceil4, WgpuBlock, WgpuStorage};
-use crate::bounce::Mode;
+use crate::bounce::{yield_now, Mode};
 use crate::error::Result;
 
 /// Unmaps a buffer when dropped, unless the map it guards failed (then the mapping state is
@@ -33,8 +33,10 @@ impl Drop for Unmap<'_> {
 }
 
 impl WgpuStorage {
-    /// Maps the words around `offset..offset + len` of the block itself, runs `f` on the
-    /// buffer, that range and the offset of `offset` in it, and unmaps.
+    /// Maps the words around `offset..offset + len` of the block itself, runs `f` on each piece
+    /// of it (at most a staging chunk: the buffer, the piece's range in it, where the wanted
+    /// bytes start in that piece, and which of the caller's bytes it holds), giving the
+    /// executor back between pieces when async, and unmaps.
     async fn with_mapped(
         &self,
         block: &WgpuBlock,
@@ -42,7 +44,12 @@ impl WgpuStorage {
         offset: u64,
         len: usize,
         mode: Mode,
-        f: impl FnOnce(&wgpu::Buffer, Range<u64>, usize) -> std::result::Result<(), wgpu::MapRangeError>,
+        mut f: impl FnMut(
+            &wgpu::Buffer,
+            Range<u64>,
+            usize,
+            Range<usize>,
+        ) -> std::result::Result<(), wgpu::MapRangeError>,
     ) -> Result<()> {
         let range = offset & !(wgpu::MAP_ALIGNMENT - 1)..ceil4(offset + len as u64);
         let _guard = block.lock.lock().await;
@@ -65,9 +72,27 @@ impl WgpuStorage {
             other => other.map(drop),
         };
         self.or_lost(waited)?;
-        let at = (offset - range.start) as usize;
-        let r = f(&block.buffer, range, at).map_err(|e| self.backend_error("mapping a device buffer", e));
-        self.or_lost(r)
+        // Pieces start at multiples of 8 from the range's start, as wgpu's mapped views must.
+        let piece = self.belt.chunk.max(wgpu::MAP_ALIGNMENT) & !(wgpu::MAP_ALIGNMENT - 1);
+        let end = offset + len as u64;
+        let mut at = range.start;
+        while at < range.end {
+            let next = (at + piece).min(range.end);
+            let (lo, hi) = (at.max(offset), next.min(end));
+            let r = f(
+                &block.buffer,
+                at..next,
+                (lo - at) as usize,
+                (lo - offset) as usize..(hi - offset) as usize,
+            )
+            .map_err(|e| self.backend_error("mapping a device buffer", e));
+            self.or_lost(r)?;
+            at = next;
+            if at < range.end && mode == Mode::Async {
+                yield_now().await;
+            }
+        }
+        Ok(())
     }
 
     /// The blocking twin of `with_mapped`, without futures: a blocking copy on this route
@@ -132,10 +157,10 @@ impl WgpuStorage {
         src: &[u8],
         mode: Mode,
     ) -> Result<()> {
-        self.with_mapped(block, wgpu::MapMode::Write, offset, src.len(), mode, |buffer, range, at| {
+        self.with_mapped(block, wgpu::MapMode::Write, offset, src.len(), mode, |buffer, piece, at, part| {
             buffer
-                .get_mapped_range_mut(range)
-                .map(|mut view| view.slice(at..at + src.len()).copy_from_slice(src))
+                .get_mapped_range_mut(piece)
+                .map(|mut view| view.slice(at..at + part.len()).copy_from_slice(&src[part]))
         })
         .await
     }
@@ -147,8 +172,11 @@ impl WgpuStorage {
         dst: &mut [u8],
         mode: Mode,
     ) -> Result<()> {
-        self.with_mapped(block, wgpu::MapMode::Read, offset, dst.len(), mode, |buffer, range, at| {
-            buffer.get_mapped_range(range).map(|view| dst.copy_from_slice(&view[at..at + dst.len()]))
+        self.with_mapped(block, wgpu::MapMode::Read, offset, dst.len(), mode, |buffer, piece, at, part| {
+            buffer.get_mapped_range(piece).map(|view| {
+                let n = part.len();
+                dst[part].copy_from_slice(&view[at..at + n])
+            })
         })
         .await
     }

@@ -40,39 +40,154 @@ struct Probe {
     buffer: wgpu::Buffer,
 }
 
-/// Whether (and why) one wgpu device is lost.
+/// Whether (and why) one wgpu device is lost: shared by every allocator on the device, and
+/// marked by the device's lost callback (which holds it weakly; it holds no wgpu object, so the
+/// callback is `Send` wherever wgpu asks for it).
 pub(crate) struct LostRecord {
-    device: wgpu::Device,
     lost: AtomicBool,
     reason: Mutex<String>,
     on_lost: Mutex<Option<DeviceLostHandler>>,
     /// Its key in the platform's table of records.
     serial: u64,
+}
+
+/// One allocator's view of its device's loss: the shared record, and what it asks wgpu with.
+/// Every decision "is this failure a device loss?" of the wgpu backend is made here.
+pub(crate) struct Loss {
+    record: Arc<LostRecord>,
+    device: wgpu::Device,
     /// `None` where wgpu-core does not run the device (browser WebGPU), or wgpu refused it.
     probe: Option<Probe>,
-    /// The device as the allocator that made the record names it (for log lines).
+    /// The device, as errors and log lines name it.
     id: Device,
 }
 
-impl LostRecord {
-    /// The record of `device`: the one another allocator made, or a new one that takes the
-    /// device's lost callback. An `on_lost` handler for a device that already has one is refused.
+impl Loss {
+    /// The loss view of `device` for the allocator that calls it `id`, over the device's record:
+    /// the one another allocator made, or a new one that takes the device's lost callback. An
+    /// `on_lost` handler for a device that already has one is refused.
+    // In the browser wgpu's types are not `Send`: the `Arc` is shared on one thread there, and
+    // with the polling thread natively.
+    #[allow(clippy::arc_with_non_send_sync)]
     pub fn of(
         device: &wgpu::Device,
         queue: &wgpu::Queue,
         id: Device,
         on_lost: Option<DeviceLostHandler>,
-    ) -> Result<Arc<LostRecord>> {
+    ) -> Result<Arc<Loss>> {
+        let record = LostRecord::of(device, on_lost)?;
+        Ok(Arc::new(Loss { record, device: device.clone(), probe: Probe::new(device, queue, id), id }))
+    }
+
+    /// Records the loss (the first time) and calls the app's handler once.
+    pub fn mark(&self, message: &str) {
+        self.record.mark(None, message);
+    }
+
+    /// Whether the loss is recorded.
+    pub fn is_lost(&self) -> bool {
+        self.record.lost.load(Ordering::Acquire)
+    }
+
+    /// The [`Error::DeviceLost`] of this device.
+    pub fn error(&self) -> Error {
+        Error::DeviceLost { device: self.id, reason: lock(&self.record.reason).clone() }
+    }
+
+    /// [`Error::DeviceLost`] if the device is lost, after a poll that does not block (which
+    /// fires the lost callback on an idle device that was destroyed or lost).
+    pub fn check(&self) -> Result<()> {
+        if !self.is_lost() && !platform::poll_now(&self.device) {
+            self.after_panic("polling the device");
+        }
+        if self.is_lost() {
+            return Err(self.error());
+        }
+        Ok(())
+    }
+
+    /// `r`, or [`Error::DeviceLost`] when it failed because the device is lost (see the module
+    /// docs).
+    pub fn or_lost<T>(&self, r: Result<T>) -> Result<T> {
+        if let Err(e) = &r {
+            // A poll on another thread may have failed this call (a destroyed device's buffers
+            // go first) and be about to run the lost callback: let it finish.
+            platform::finish_polls();
+            self.check()?;
+            // wgpu refused something, and has not reported a loss: a device destroyed with
+            // work still queued is invalid at once but reported only once that work is done.
+            if matches!(e, Error::Backend { .. }) && self.device_invalid() == Some(true) {
+                return Err(self.settle());
+            }
+        }
+        r
+    }
+
+    /// After wgpu refused work because the device is no longer valid (destroyed or lost): waits
+    /// for wgpu to report the loss (it does once the queue is empty: up to a second here), and
+    /// returns it. If wgpu still has not reported it, devalloc records the loss itself.
+    pub fn settle(&self) -> Error {
+        if !self.is_lost() {
+            platform::finish_polls();
+            if !platform::poll_until_idle(&self.device) {
+                self.after_panic("polling the device");
+            }
+        }
+        if !self.is_lost() {
+            self.mark(
+                "the device is no longer valid (destroyed or lost), and wgpu had not reported it after its queue was given a second to finish",
+            );
+        }
+        self.error()
+    }
+
+    /// Whether wgpu-core (where it runs the device: native, WebGL2) says the device is no longer
+    /// valid: a 4-byte write into the probe buffer is refused (`None`) exactly then (an
+    /// out-of-memory refusal is caught by the scope, and counts as valid). `None` where it
+    /// cannot tell.
+    pub fn device_invalid(&self) -> Option<bool> {
+        let probe = self.probe.as_ref()?;
+        let size = wgpu::BufferSize::new(4).expect("non-zero");
+        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let refused = probe.queue.write_buffer_with(&probe.buffer, 0, size).is_none();
+        let (oom, validation) = (oom.pop(), validation.pop());
+        let caught =
+            platform::settle(async { oom.await.or(validation.await) }, self.id, "probing the device");
+        Some(refused && caught.is_none())
+    }
+
+    /// A panic came out of wgpu during `what`: a loss if the device is no longer valid (or that
+    /// cannot be told), else logged, and the device keeps working.
+    pub fn after_panic(&self, what: &str) {
+        if self.is_lost() {
+            return;
+        }
+        match self.device_invalid() {
+            Some(false) => log::warn!(
+                "devalloc: {what} panicked inside wgpu, but {} is still valid: carrying on \
+                 (wgpu-core 30.0.2 asserts in Device::maintain when polls race, gfx-rs/wgpu#9958)",
+                self.id
+            ),
+            Some(true) => {
+                self.mark(&format!("{what} panicked inside wgpu and the device is no longer valid"))
+            }
+            None => self.mark(&format!("{what} panicked inside wgpu (taken as a driver-level loss)")),
+        }
+    }
+}
+
+impl LostRecord {
+    /// The record of `device`: the one another allocator made, or a new one that takes the
+    /// device's lost callback. An `on_lost` handler for a device that already has one is refused.
+    fn of(device: &wgpu::Device, on_lost: Option<DeviceLostHandler>) -> Result<Arc<LostRecord>> {
         let mut handler = on_lost;
         let record = platform::record_of(device, |serial| {
             let record = Arc::new(LostRecord {
-                device: device.clone(),
                 lost: AtomicBool::new(false),
                 reason: Mutex::new(String::new()),
                 on_lost: Mutex::new(handler.take()),
                 serial,
-                probe: Probe::new(device, queue, id),
-                id,
             });
             let weak: Weak<LostRecord> = Arc::downgrade(&record);
             device.set_device_lost_callback(move |reason, message| {
@@ -95,7 +210,7 @@ impl LostRecord {
     }
 
     /// Records the loss (the first time) and calls the app's handler once.
-    pub fn mark(&self, reason: Option<wgpu::DeviceLostReason>, message: &str) {
+    fn mark(&self, reason: Option<wgpu::DeviceLostReason>, message: &str) {
         {
             let mut r = lock(&self.reason);
             if self.lost.load(Ordering::Acquire) {
@@ -111,98 +226,6 @@ impl LostRecord {
         let handler = lock(&self.on_lost).take();
         if let Some(h) = handler {
             h(reason.unwrap_or(wgpu::DeviceLostReason::Unknown), message);
-        }
-    }
-
-    /// Whether the loss is recorded.
-    pub fn is_lost(&self) -> bool {
-        self.lost.load(Ordering::Acquire)
-    }
-
-    /// [`Error::DeviceLost`] if the device is lost, after a poll that does not block (which
-    /// fires the lost callback on an idle device that was destroyed or lost).
-    pub fn check(&self, id: Device) -> Result<()> {
-        if !self.is_lost() && !platform::poll_now(&self.device) {
-            self.after_panic("polling the device");
-        }
-        if self.is_lost() {
-            return Err(self.error(id));
-        }
-        Ok(())
-    }
-
-    /// The [`Error::DeviceLost`] of device `id`.
-    pub fn error(&self, id: Device) -> Error {
-        Error::DeviceLost { device: id, reason: lock(&self.reason).clone() }
-    }
-
-    /// `r`, or [`Error::DeviceLost`] when it failed because the device is lost (see the module
-    /// docs).
-    pub fn or_lost<T>(&self, id: Device, r: Result<T>) -> Result<T> {
-        if let Err(e) = &r {
-            // A poll on another thread may have failed this call (a destroyed device's buffers
-            // go first) and be about to run the lost callback: let it finish.
-            platform::finish_polls();
-            self.check(id)?;
-            // wgpu refused something, and has not reported a loss: a device destroyed with
-            // work still queued is invalid at once but reported only once that work is done.
-            if matches!(e, Error::Backend { .. }) && self.device_invalid() == Some(true) {
-                return Err(self.settle(id));
-            }
-        }
-        r
-    }
-
-    /// After wgpu refused work because the device is no longer valid (destroyed or lost): waits
-    /// for wgpu to report the loss (it does once the queue is empty: up to a second here), and
-    /// returns it. If wgpu still has not reported it, devalloc records the loss itself.
-    pub fn settle(&self, id: Device) -> Error {
-        if !self.is_lost() {
-            platform::finish_polls();
-            if !platform::poll_until_idle(&self.device) {
-                self.after_panic("polling the device");
-            }
-        }
-        if !self.is_lost() {
-            self.mark(
-                None,
-                "the device is no longer valid (destroyed or lost), and wgpu had not reported it after its queue was given a second to finish",
-            );
-        }
-        self.error(id)
-    }
-
-    /// Whether wgpu-core (where it runs the device: native, WebGL2) says the device is no longer
-    /// valid: a 4-byte write into the probe buffer is refused (`None`) exactly then (an
-    /// out-of-memory refusal is caught by the scope, and counts as "valid"). `None` where it
-    /// cannot tell.
-    pub fn device_invalid(&self) -> Option<bool> {
-        let probe = self.probe.as_ref()?;
-        let size = wgpu::BufferSize::new(4).expect("non-zero");
-        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-        let refused = probe.queue.write_buffer_with(&probe.buffer, 0, size).is_none();
-        let (oom, validation) = (oom.pop(), validation.pop());
-        let caught =
-            platform::settle(async { oom.await.or(validation.await) }, self.id, "probing the device");
-        Some(refused && caught.is_none())
-    }
-
-    /// A panic came out of wgpu during `what`: a loss if the device is no longer valid (or that
-    /// cannot be told), else logged, and the device keeps working.
-    pub fn after_panic(&self, what: &str) {
-        if self.is_lost() {
-            return;
-        }
-        match self.device_invalid() {
-            Some(false) => log::warn!(
-                "devalloc: {what} panicked inside wgpu, but the device is still valid: carrying on \
-                 (wgpu-core 30.0.2 asserts in Device::maintain when polls race, gfx-rs/wgpu#9958)"
-            ),
-            Some(true) => {
-                self.mark(None, &format!("{what} panicked inside wgpu and the device is no longer valid"))
-            }
-            None => self.mark(None, &format!("{what} panicked inside wgpu (taken as a driver-level loss)")),
         }
     }
 }

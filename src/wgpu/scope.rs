@@ -39,7 +39,7 @@ impl WgpuStorage {
         f: impl FnOnce() -> T,
     ) -> Result<T> {
         if self.lost.is_lost() {
-            return Err(self.lost.error(self.id));
+            return Err(self.lost.error());
         }
         if raises == Raises::Validation && !platform::SCOPE_CHECKED_WORK {
             return Ok(f());
@@ -66,7 +66,7 @@ impl WgpuStorage {
     /// The devalloc error for what a scope caught.
     fn caught(&self, what: &str, requested: u64, caught: wgpu::Error) -> Error {
         if self.lost.is_lost() {
-            return self.lost.error(self.id);
+            return self.lost.error();
         }
         match caught {
             wgpu::Error::OutOfMemory { .. } => Error::OutOfMemory {
@@ -83,7 +83,7 @@ impl WgpuStorage {
     /// A backend error without a wgpu error value.
     pub(crate) fn backend_error(&self, what: &str, e: impl std::fmt::Display) -> Error {
         if self.lost.is_lost() {
-            return self.lost.error(self.id);
+            return self.lost.error();
         }
         Error::backend(self.id, format!("{what}: {e}"))
     }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use futures_channel::oneshot;
 
 use super::belt::Belt;
-use super::lost::LostRecord;
+use super::lost::Loss;
 use super::options::{staging_chunk, Route, WgpuOptions};
 use super::platform::{self, MustWait, Waiter};
 use super::scope::Raises;
@@ -78,7 +78,7 @@ pub struct WgpuStorage {
     pub(crate) default_usage: wgpu::BufferUsages,
     pub(crate) route: Route,
     pub(crate) belt: Belt,
-    pub(crate) lost: Arc<LostRecord>,
+    pub(crate) lost: Arc<Loss>,
     pub(crate) waiter: Waiter,
     max_buffer: u64,
     /// Small uploads written into the queue's staging so far; they reach the GPU with the next
@@ -98,7 +98,7 @@ impl WgpuStorage {
         route: Route,
         options: &WgpuOptions,
     ) -> Result<Self> {
-        let lost = LostRecord::of(&device, &queue, id, options.on_device_lost.clone())?;
+        let lost = Loss::of(&device, &queue, id, options.on_device_lost.clone())?;
         let info = device.adapter_info();
         let limits = device.limits();
         let max_buffer = floor4(limits.max_buffer_size);
@@ -139,7 +139,7 @@ impl WgpuStorage {
 
     /// [`crate::Error::DeviceLost`] once the device is lost (polls first, without blocking).
     pub(crate) fn check_lost(&self) -> Result<()> {
-        self.lost.check(self.id)
+        self.lost.check()
     }
 
     /// A buffer made inside error scopes.
@@ -244,7 +244,7 @@ impl WgpuStorage {
             return self.map_with(&block.buffer, mode, range, callback);
         }
         if self.lost.is_lost() {
-            return Err(self.lost.error(self.id));
+            return Err(self.lost.error());
         }
         block.buffer.map_async(mode, range, callback);
         Ok(())
@@ -276,7 +276,7 @@ impl WgpuStorage {
     pub(crate) async fn sync_with(&self, mode: Mode) -> Result<()> {
         // The wait polls, which reports a loss (see `read_with`): no poll up front.
         if self.lost.is_lost() {
-            return Err(self.lost.error(self.id));
+            return Err(self.lost.error());
         }
         let (tx, rx) = oneshot::channel();
         self.flush_queued_writes();
@@ -288,7 +288,7 @@ impl WgpuStorage {
         // One poll can run the work-done callback before the lost one (wgpu fires them in that
         // order): a device destroyed before this call has finished "its" work, and is lost.
         if self.lost.is_lost() {
-            return Err(self.lost.error(self.id));
+            return Err(self.lost.error());
         }
         Ok(())
     }
@@ -296,7 +296,7 @@ impl WgpuStorage {
     /// `r`, or [`crate::Error::DeviceLost`] when it failed because the device is lost (the
     /// decision is `lost.rs`'s).
     pub(crate) fn or_lost<T>(&self, r: Result<T>) -> Result<T> {
-        self.lost.or_lost(self.id, r)
+        self.lost.or_lost(r)
     }
 
     /// Waits for all submitted work (blocking; in the browser: `NotSupported`, use the async).
@@ -326,9 +326,9 @@ impl WgpuStorage {
     }
 
     /// After wgpu refused work because the device is no longer valid: the loss, once wgpu has
-    /// reported it (see `LostRecord::settle`).
+    /// reported it (see `Loss::settle`).
     pub(crate) fn settle_loss(&self) -> crate::Error {
-        self.lost.settle(self.id)
+        self.lost.settle()
     }
 
     /// `r`; a wgpu failure (`Backend`) on a buffer the app holds, on a device that is fine,

@@ -184,3 +184,23 @@ macro_rules! conformance_tests {
         )*
     };
 }
+
+/// Polls `fut` to the end with a waker that does nothing, pausing 1 ms after every `Pending` (so
+/// that the device has finished everything asked of it by the next poll, the case where a copy
+/// that never yields would do all its work in one poll); returns the output and how many
+/// times it was `Pending`.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn polls_until_ready<F: std::future::Future>(fut: F) -> (F::Output, usize) {
+    use std::task::{Context, Poll, Waker};
+    let mut fut = std::pin::pin!(fut);
+    let mut pending = 0;
+    loop {
+        match fut.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(v) => return (v, pending),
+            Poll::Pending => {
+                pending += 1;
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+    }
+}

@@ -16,7 +16,7 @@ use crate::bounce::Mode;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::sync::lock;
-use crate::wgpu::lost::LostRecord;
+use crate::wgpu::lost::{Loss, LostRecord};
 use crate::wgpu::storage::WgpuStorage;
 
 /// Every blocking call is allowed on native.
@@ -167,7 +167,7 @@ struct PollerState {
 
 struct PollerShared {
     device: wgpu::Device,
-    lost: Arc<LostRecord>,
+    lost: Arc<Loss>,
     state: Mutex<PollerState>,
     cv: Condvar,
     /// Polls that found the queue empty so far.
@@ -183,7 +183,7 @@ pub(crate) struct Waiter {
 }
 
 impl Waiter {
-    pub(crate) fn new(device: &wgpu::Device, lost: &Arc<LostRecord>) -> Self {
+    pub(crate) fn new(device: &wgpu::Device, lost: &Arc<Loss>) -> Self {
         let state = PollerState {
             watchers: 0,
             wakers: Vec::new(),
@@ -225,9 +225,7 @@ impl Waiter {
                 std::thread::Builder::new().name("devalloc-poll".into()).spawn(move || poll_loop(&shared));
             match spawned {
                 Ok(handle) => *thread = Some(handle),
-                Err(e) => {
-                    self.shared.lost.mark(None, &format!("could not start devalloc's polling thread: {e}"))
-                }
+                Err(e) => self.shared.lost.mark(&format!("could not start devalloc's polling thread: {e}")),
             }
         }
     }
@@ -421,7 +419,7 @@ pub(crate) fn wait_blocking<T>(
 /// The error for a wait that ended without its value.
 fn ended_error<T>(s: &WgpuStorage, got: std::result::Result<T, Ended>) -> Result<T> {
     got.map_err(|ended| match ended {
-        Ended::Gone if s.lost.is_lost() => s.lost.error(s.id),
+        Ended::Gone if s.lost.is_lost() => s.lost.error(),
         Ended::Gone => Error::backend(s.id, "wgpu dropped a callback devalloc was waiting for"),
         Ended::Idle => Error::invalid_argument(format!(
             "the buffer never mapped although {} is idle: it belongs to another device (or the app keeps it mapped)",

@@ -12,7 +12,7 @@ use super::MustWait;
 use crate::bounce::Mode;
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::wgpu::lost::LostRecord;
+use crate::wgpu::lost::{Loss, LostRecord};
 use crate::wgpu::storage::WgpuStorage;
 
 /// In the browser nothing may block: a call that would have to wait is refused with an error
@@ -105,7 +105,7 @@ pub(crate) struct Waiter {
 }
 
 impl Waiter {
-    pub(crate) fn new(device: &wgpu::Device, _lost: &Arc<LostRecord>) -> Self {
+    pub(crate) fn new(device: &wgpu::Device, _lost: &Arc<Loss>) -> Self {
         Waiter { polls: device.adapter_info().backend == wgpu::Backend::Gl }
     }
 }
@@ -149,7 +149,7 @@ pub(crate) async fn wait<T>(
         }
     };
     got.ok_or_else(|| match s.lost.is_lost() {
-        true => s.lost.error(s.id),
+        true => s.lost.error(),
         false => Error::backend(s.id, "wgpu dropped a callback devalloc was waiting for"),
     })
 }
