@@ -3,6 +3,8 @@
 //! them through `WgpuAllocator::buffer`, and the result is checked against the CPU.
 //!
 //!     cargo run --release --example compute [vulkan|gl|metal|dx12]
+#[path = "support/logging.rs"]
+mod logging;
 use std::time::Instant;
 
 use devalloc::{BindingKind, WgpuAllocator, WgpuOptions};
@@ -24,7 +26,7 @@ fn saxpy(@builtin(global_invocation_id) id: vec3<u32>, @builtin(num_workgroups) 
 "#;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    logging::init("warn");
     let backend = match std::env::args().nth(1).as_deref() {
         None | Some("vulkan") => wgpu::Backend::Vulkan,
         Some("gl") => wgpu::Backend::Gl,

@@ -6,9 +6,11 @@
 mod common;
 #[path = "bench/cuda.rs"]
 mod cuda;
+#[path = "support/logging.rs"]
+mod logging;
 
 fn main() {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    logging::init("warn");
     let args: Vec<String> = std::env::args().skip(1).collect();
     let quick = args.iter().any(|a| a == "--quick");
     println!("# devalloc CUDA bench{} (medians; GB/s)", if quick { " (quick)" } else { "" });

@@ -13,6 +13,8 @@
 //!   `read` and another as `read_write` is refused: conflicting STORAGE_READ_ONLY /
 //!   STORAGE_READ_WRITE). The other way out is one planned buffer per access kind.
 //! - The app keeps its uncaptured-error handler; devalloc catches its own errors in scopes.
+#[path = "support/logging.rs"]
+mod logging;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -73,9 +75,8 @@ fn dense_cpu(x: &[f32], w: &[f32], b: &[f32], inputs: usize, outputs: usize, rel
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // wgpu's EGL probe logs an error where one of Mesa's drivers is missing even when GL works.
-    let default = "warn,wgpu_hal::gles::egl=off";
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default)).init();
+    let default = "warn";
+    logging::init(default);
     let backend = match std::env::args().nth(1).as_deref() {
         None | Some("vulkan") => wgpu::Backends::VULKAN,
         Some("gl") => wgpu::Backends::GL,

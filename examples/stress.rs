@@ -8,6 +8,8 @@
 //!
 //! Prints one line scripts can read, `stress: backend=B threads=T ops=N seed=S result=ok|failed`,
 //! and exits non-zero when any thread saw an error, a wrong byte or a panic.
+#[path = "support/logging.rs"]
+mod logging;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -207,7 +209,7 @@ fn synchronize(a: &dyn DeviceAllocator, asynchronous: bool) -> devalloc::Result<
 }
 
 fn main() {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    logging::init("warn");
     let args = parse().unwrap_or_else(|e| {
         eprintln!("stress: {e}");
         std::process::exit(2)

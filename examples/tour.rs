@@ -7,6 +7,8 @@
 //! tour writes a snapshot of every device (JSON; open it in the demo page's memory viewer:
 //! `index.html?snapshot=FILE` under `scripts/serve-web`, or drop the file on the page).
 //! Set RUST_LOG=debug for what happens underneath.
+#[path = "support/logging.rs"]
+mod logging;
 use std::time::Instant;
 
 use devalloc::{
@@ -14,10 +16,8 @@ use devalloc::{
 };
 
 fn main() {
-    // wgpu's EGL probe logs an error on machines where one of Mesa's drivers is missing even
-    // when GL then works; RUST_LOG overrides this default.
-    let default = "warn,wgpu_hal::gles::egl=off";
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default)).init();
+    let default = "warn";
+    logging::init(default);
     let registry = DeviceAllocatorRegistry::instance();
 
     let args: Vec<String> = std::env::args().collect();

@@ -28,7 +28,7 @@ fn require_all() -> bool {
 
 /// The allocator, or `None` after saying why the test did not run (a failure when required).
 fn gpu(test: &str) -> Option<CudaAllocator> {
-    let _ = env_logger::builder().is_test(true).try_init();
+    conformance::logging::init_for_tests();
     match CudaAllocator::new() {
         Ok(a) => Some(a),
         Err(e) if require_all() => panic!("{test}: no CUDA device, and DEVALLOC_REQUIRE_ALL=1: {e}"),

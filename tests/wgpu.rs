@@ -102,7 +102,7 @@ fn vulkan(options: WgpuOptions) -> Option<WgpuAllocator> {
 }
 
 fn backend(backend: wgpu::Backend, options: WgpuOptions) -> Option<WgpuAllocator> {
-    let _ = env_logger::builder().is_test(true).try_init();
+    conformance::logging::init_for_tests();
     match WgpuAllocator::new_with(backend, options) {
         Ok(a) => Some(a),
         Err(e) if conformance::in_ci() => panic!("no {backend:?} adapter under CI: {e}"),

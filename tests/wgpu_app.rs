@@ -21,7 +21,7 @@ const BACKENDS: [wgpu::Backend; 2] = [wgpu::Backend::Vulkan, wgpu::Backend::Gl];
 
 /// The app's own device and queue on `backend`, as a wgpu app would open them.
 fn app_device(backend: wgpu::Backend) -> Option<(wgpu::Device, wgpu::Queue)> {
-    let _ = env_logger::builder().is_test(true).try_init();
+    conformance::logging::init_for_tests();
     let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
     desc.backends = backend.into();
     let instance = wgpu::Instance::new(desc);

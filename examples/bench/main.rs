@@ -22,6 +22,8 @@ mod common;
 mod cuda;
 mod first_poll;
 mod history;
+#[path = "../support/logging.rs"]
+mod logging;
 mod peers;
 mod wgpu_routes;
 
@@ -36,8 +38,8 @@ fn run_cuda(_quick: bool) {
 }
 
 fn main() {
-    let default = "warn,wgpu_hal::gles::egl=off";
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default)).init();
+    let default = "warn";
+    logging::init(default);
     let args: Vec<String> = std::env::args().skip(1).collect();
     let quick = args.iter().any(|a| a == "--quick");
     let only: Vec<&str> = args.iter().filter(|a| !a.starts_with("--")).map(String::as_str).collect();

@@ -222,7 +222,11 @@ impl LostRecord {
             };
             self.lost.store(true, Ordering::Release);
         }
-        log::error!("devalloc: a wgpu device was lost: {message}");
+        match reason {
+            // The app destroyed it: nothing went wrong.
+            Some(wgpu::DeviceLostReason::Destroyed) => log::info!("devalloc: a wgpu device was destroyed"),
+            _ => log::error!("devalloc: a wgpu device was lost: {message}"),
+        }
         let handler = lock(&self.on_lost).take();
         if let Some(h) = handler {
             h(reason.unwrap_or(wgpu::DeviceLostReason::Unknown), message);

@@ -11,6 +11,9 @@
 #![allow(dead_code, unused_macros)]
 
 pub mod checks;
+#[cfg(not(target_arch = "wasm32"))]
+#[path = "../../examples/support/logging.rs"]
+pub mod logging;
 pub mod model;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -164,7 +167,7 @@ macro_rules! conformance_tests {
         #[cfg(not(target_arch = "wasm32"))]
         #[test]
         fn threads() {
-            let _ = env_logger::builder().is_test(true).try_init();
+            conformance::logging::init_for_tests();
             pollster::block_on(conformance::on_every_device("threads", $make, $need, conformance::checks::threads));
         }
     };
@@ -173,7 +176,7 @@ macro_rules! conformance_tests {
             #[cfg(not(target_arch = "wasm32"))]
             #[test]
             fn $name() {
-                let _ = env_logger::builder().is_test(true).try_init();
+                conformance::logging::init_for_tests();
                 pollster::block_on(conformance::on_every_device(stringify!($name), $make, $need, conformance::checks::$name));
             }
             #[cfg(target_arch = "wasm32")]
