@@ -1,5 +1,4 @@
 //! The [`DeviceAllocator`] contract every allocator keeps, and its [`AllocatorStats`].
-#![deny(unsafe_code)]
 
 use std::any::Any;
 use std::future::Future;

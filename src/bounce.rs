@@ -1,6 +1,5 @@
 //! Copies that cross from one allocator (or device) to another through host memory, written
 //! once as async code; the blocking form drives the same code with blocking copies.
-#![deny(unsafe_code)]
 
 use crate::allocator::DeviceAllocator;
 use crate::device::DeviceIndex;

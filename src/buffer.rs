@@ -1,5 +1,4 @@
 //! [`DeviceMemoryBuffer`]: RAII ownership of one device allocation.
-#![deny(unsafe_code)]
 
 use crate::allocator::{DeviceAllocator, DEFAULT_ALIGNMENT};
 use crate::device::{Device, DeviceIndex, DeviceType};

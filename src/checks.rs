@@ -1,5 +1,4 @@
 //! Argument checks shared by every built-in allocator.
-#![deny(unsafe_code)]
 
 use crate::allocator::DEFAULT_ALIGNMENT;
 use crate::device::{Device, DeviceIndex, DeviceType};

@@ -1,5 +1,4 @@
 //! Device kinds and device identities: [`DeviceType`], [`DeviceIndex`], [`Device`].
-#![deny(unsafe_code)]
 
 use std::fmt;
 use std::str::FromStr;

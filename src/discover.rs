@@ -1,5 +1,4 @@
 //! [`register_available`]: registers every allocator this machine can offer.
-#![deny(unsafe_code)]
 
 use std::fmt;
 

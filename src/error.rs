@@ -1,5 +1,4 @@
 //! The one error type: every failure in devalloc is a value of [`Error`], never a panic.
-#![deny(unsafe_code)]
 
 use std::fmt;
 

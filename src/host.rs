@@ -4,7 +4,7 @@
 //! through the generic [`Pool`], so the host allocator keeps exactly the rules the GPU
 //! allocators keep: bounds-checked copies, use-after-free and double-free detection, stats,
 //! planned pools. It is also the reference the conformance suite and the benchmarks compare to.
-#![warn(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+#![allow(unsafe_code)] // at the edge: every unsafe block has a SAFETY note
 
 use std::alloc::Layout;
 use std::ptr::NonNull;
@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 use crate::pool::{Pool, PoolConfig};
 use crate::pooled_allocator::PooledAllocator;
 use crate::storage::Storage;
+use crate::sync::Unpoisoned;
 
 /// Alignment of every host block (a cache line). The address a caller sees is virtual and
 /// carries the alignment asked for; the memory behind it only needs to be fast to copy.
@@ -101,7 +102,7 @@ impl Storage for HostStorage {
 
     fn write(&self, block: &HostBlock, offset: u64, src: &[u8]) -> Result<()> {
         let offset = block.check(offset, src.len())?;
-        let _guard = block.lock.write().unwrap_or_else(|e| e.into_inner());
+        let _guard = block.lock.write().unpoisoned();
         // SAFETY: `check` keeps `offset..offset + src.len()` inside the block's allocation; the
         // write lock excludes every other access to the block; `src` is a distinct borrow, so
         // the ranges do not overlap.
@@ -111,7 +112,7 @@ impl Storage for HostStorage {
 
     fn read(&self, block: &HostBlock, offset: u64, dst: &mut [u8]) -> Result<()> {
         let offset = block.check(offset, dst.len())?;
-        let _guard = block.lock.read().unwrap_or_else(|e| e.into_inner());
+        let _guard = block.lock.read().unpoisoned();
         // SAFETY: in bounds by `check`; the read lock excludes writers; `dst` is an exclusive
         // borrow distinct from the block's memory.
         unsafe { std::ptr::copy_nonoverlapping(block.ptr.as_ptr().add(offset), dst.as_mut_ptr(), dst.len()) }
@@ -130,7 +131,7 @@ impl Storage for HostStorage {
         let so = src.check(src_offset, len)?;
         let d_o = dst.check(dst_offset, len)?;
         if std::ptr::eq(src, dst) {
-            let _guard = dst.lock.write().unwrap_or_else(|e| e.into_inner());
+            let _guard = dst.lock.write().unpoisoned();
             // SAFETY: both ranges are in bounds of the one block (checked above) and the
             // write lock is held; `copy` handles overlapping ranges.
             unsafe { std::ptr::copy(dst.ptr.as_ptr().add(so), dst.ptr.as_ptr().add(d_o), len) }
@@ -139,11 +140,11 @@ impl Storage for HostStorage {
         // Take the two locks in address order so that two opposite copies cannot deadlock.
         let (_a, _b);
         if (src as *const HostBlock) < (dst as *const HostBlock) {
-            _a = Some(src.lock.read().unwrap_or_else(|e| e.into_inner()));
-            _b = dst.lock.write().unwrap_or_else(|e| e.into_inner());
+            _a = Some(src.lock.read().unpoisoned());
+            _b = dst.lock.write().unpoisoned();
         } else {
-            _b = dst.lock.write().unwrap_or_else(|e| e.into_inner());
-            _a = Some(src.lock.read().unwrap_or_else(|e| e.into_inner()));
+            _b = dst.lock.write().unpoisoned();
+            _a = Some(src.lock.read().unpoisoned());
         }
         // SAFETY: both ranges are in bounds (checked above), the blocks are distinct
         // allocations, and we hold src's read lock and dst's write lock.

@@ -3,7 +3,6 @@
 //!
 //! [`crate::HostAllocator`], `WgpuAllocator` and `CudaAllocator` are this type over their
 //! storage; their constructors live in their own modules.
-#![deny(unsafe_code)]
 
 use std::any::Any;
 

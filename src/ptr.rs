@@ -1,5 +1,4 @@
 //! [`DevicePtr`], the opaque device address.
-#![deny(unsafe_code)]
 
 use std::fmt;
 

@@ -1,5 +1,4 @@
 //! [`DeviceAllocatorRegistry`]: device type -> allocator, and copies between any two devices.
-#![deny(unsafe_code)]
 
 use std::sync::{Mutex, OnceLock};
 
@@ -8,6 +7,7 @@ use crate::bounce::{bounce, run_blocking, End, Mode};
 use crate::device::{Device, DeviceType, NUM_DEVICE_TYPES};
 use crate::error::{Error, Result};
 use crate::ptr::DevicePtr;
+use crate::sync::Unpoisoned;
 
 /// A fixed-size table from [`DeviceType`] to its allocator.
 ///
@@ -76,7 +76,7 @@ impl DeviceAllocatorRegistry {
         if let Some(a) = self.get_allocator(device_type) {
             return Ok(a);
         }
-        let _making = self.making.lock().unwrap_or_else(|e| e.into_inner());
+        let _making = self.making.lock().unpoisoned();
         if let Some(a) = self.get_allocator(device_type) {
             return Ok(a);
         }

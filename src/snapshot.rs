@@ -32,7 +32,6 @@
 //! loses its low bits (version 1 wrote numbers). Readers should ignore fields they do not know;
 //! a new version number means a field changed meaning, and [`Snapshot::from_json`] reads this
 //! version only.
-#![deny(unsafe_code)]
 
 use serde::{Deserialize, Serialize};
 

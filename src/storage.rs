@@ -1,5 +1,4 @@
 //! [`Storage`]: raw device memory of one backend, under the generic [`crate::backend::Pool`].
-#![deny(unsafe_code)]
 
 use std::fmt::Debug;
 

@@ -9,6 +9,7 @@
 //!
 //! PyTorch, the peer a CUDA user would pick, is measured beside it by the bundle's
 //! `torch_peer.py`, in the same run.
+#![allow(unsafe_code)] // cudarc's raw API: the peers a CUDA user would write by hand
 use std::hint::black_box;
 
 use devalloc::cudarc_api::driver::{result, sys, CudaContext, CudaStream};

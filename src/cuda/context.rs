@@ -6,7 +6,7 @@
 //! `Drop`s bind too. So every devalloc entry point, and every drop of a cudarc object, runs
 //! inside a [`CtxGuard`], which restores whatever was current before (as PyTorch's device
 //! guard does).
-#![warn(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+#![allow(unsafe_code)] // at the edge: every unsafe block has a SAFETY note
 
 use std::sync::Arc;
 

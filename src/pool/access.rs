@@ -1,5 +1,4 @@
 //! The pool's data path: copies through checked pointers to the storage's blocks.
-#![deny(unsafe_code)]
 
 use super::history::CopyKind;
 use super::Pool;

@@ -29,13 +29,13 @@
 //! or less (each span takes its size rounded up to 256 bytes, plus a 256-byte guard) that
 //! takes more than 2^32 frees anyway. No 64-bit scheme can promise more for every size: 2^32
 //! frees of 2^40 bytes need 2^72 bytes of distinct addresses.
-#![deny(unsafe_code)]
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, Weak};
 
 use crate::checks::round_up;
 use crate::device::Device;
+use crate::sync::Unpoisoned;
 
 /// Bits of the per-device window in an address.
 pub(crate) const MAX_WINDOW_BITS: u32 = 53;
@@ -114,7 +114,7 @@ impl AddressWindow {
             return Arc::new(Mutex::new(AddressWindow::new(device, size, quarantine_frees)));
         }
         let key = (device, size, quarantine_frees);
-        let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+        let mut shared = SHARED.lock().unpoisoned();
         shared.retain(|(_, w)| w.strong_count() > 0);
         if let Some(w) = shared.iter().find(|(k, _)| *k == key).and_then(|(_, w)| w.upgrade()) {
             return w;

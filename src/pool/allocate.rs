@@ -1,7 +1,6 @@
 //! Allocation in named steps: plan (check, work out the block), claim (addresses, a cached
 //! block or room under the limit), alloc_block (the device, with one retry after emptying the
 //! cache), record (stats and bookkeeping).
-#![deny(unsafe_code)]
 
 use std::sync::Arc;
 

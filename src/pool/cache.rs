@@ -1,6 +1,5 @@
 //! The pool's cache of freed blocks, keyed by what a block can be reused for, and its size
 //! classes.
-#![deny(unsafe_code)]
 
 use std::collections::BTreeMap;
 

@@ -1,6 +1,5 @@
 //! Opt-in recording of what happens in a pool: a ring of the newest events, and copy counts.
 //! Off by default; off, each event costs one relaxed atomic load.
-#![deny(unsafe_code)]
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;

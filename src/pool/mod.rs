@@ -27,7 +27,6 @@
 //! - **What `reserved` counts**: the capacity of every live block plus every cached block;
 //!   `allocated` counts the bytes asked for. Memory a device is allocating right now counts
 //!   against the limit but not in the stats, which move only once a call has succeeded.
-#![deny(unsafe_code)]
 
 mod access;
 mod address;
@@ -39,7 +38,7 @@ mod report;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 pub(crate) use self::history::now_us;
 use self::history::History;
@@ -54,6 +53,7 @@ use crate::planned::PlanTable;
 use crate::ptr::DevicePtr;
 use crate::snapshot::EventKind;
 use crate::storage::Storage;
+use crate::sync::lock;
 
 /// Settings of a [`Pool`].
 #[derive(Clone, Debug)]
@@ -154,12 +154,6 @@ pub struct Pool<S: Storage> {
     config: Mutex<PoolConfig>,
     history: Mutex<Option<History>>,
     recording: AtomicBool,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // The bookkeeping is updated in steps that never panic half-way, so a poisoned lock (a
-    // panic elsewhere while holding it) leaves it consistent: carry on.
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl PoolConfig {

@@ -1,5 +1,4 @@
 //! Planned buffers on a pool: the seed's `init_buffer` / `get_offset_address`.
-#![deny(unsafe_code)]
 
 use super::{lock, Pool};
 use crate::allocator::DEFAULT_ALIGNMENT;

@@ -1,5 +1,4 @@
 //! What a pool holds, in words: live allocations, the report, the out-of-memory message.
-#![deny(unsafe_code)]
 
 use std::fmt::Write as _;
 

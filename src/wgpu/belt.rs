@@ -40,11 +40,10 @@
 //! hold up to one chunk per upload and [`PIPELINE_DEPTH`] per download in flight beyond the
 //! budget; once they are done it holds again. The count is a gauge of what is held: a call
 //! that fails (say, on a lost device) can release staging, never take more.
-#![deny(unsafe_code)]
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use futures_channel::oneshot;
 
@@ -53,6 +52,7 @@ use super::scope::Raises;
 use super::storage::{ceil4, floor4, MapResult, WgpuBlock, WgpuStorage, COPY_ALIGN};
 use crate::bounce::{yield_now, Mode};
 use crate::error::Result;
+use crate::sync::lock;
 
 /// Chunks of a download in flight at once.
 pub(crate) const PIPELINE_DEPTH: usize = 3;
@@ -60,10 +60,6 @@ pub(crate) const PIPELINE_DEPTH: usize = 3;
 const FLUSH_PENDING: u64 = 8 << 20;
 /// Size of the staging buffers of small reads.
 const SMALL_DOWNLOAD: u64 = 64 << 10;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// A staging buffer, counted in its belt's bytes while it exists.
 pub(crate) struct Staging {

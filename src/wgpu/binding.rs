@@ -1,6 +1,5 @@
 //! Handing devalloc memory to an app's own pipelines: [`BufferRange`] and its checked
 //! bindings, and copies between devalloc memory and buffers the app made itself.
-#![deny(unsafe_code)]
 
 use std::ops::Range;
 use std::sync::Arc;

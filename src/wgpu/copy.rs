@@ -2,7 +2,6 @@
 //! a temporary within one buffer, which wgpu refuses to copy onto itself), else through the
 //! host in chunks; and clearing. Each takes the blocks' locks, which keep mapped copies (the
 //! direct route) and ragged writes (read, merge, write back) from interleaving with them.
-#![deny(unsafe_code)]
 
 use super::platform;
 use super::storage::{aligned, WgpuBlock, WgpuStorage};

@@ -6,7 +6,6 @@
 //! (from an 8-byte boundary, as wgpu asks) and unmaps before returning. Work the app itself
 //! queues on a devalloc buffer must be finished (or not yet submitted) when it copies through
 //! devalloc on this route: wgpu refuses to submit work on a mapped buffer.
-#![deny(unsafe_code)]
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU8, Ordering};

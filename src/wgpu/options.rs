@@ -1,5 +1,4 @@
 //! [`WgpuOptions`], the copy [`Route`], and how a route is chosen for a device.
-#![deny(unsafe_code)]
 
 use std::fmt;
 use std::sync::Arc;

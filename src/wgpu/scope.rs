@@ -11,7 +11,6 @@
 //! sizes and ranges it checks up front so that wgpu has nothing to refuse, run without scopes:
 //! an unexpected error from one would reach the app's uncaptured-error handler. Buffer
 //! creation keeps its scopes there, and what they catch is logged.
-#![deny(unsafe_code)]
 
 use super::platform;
 use super::storage::WgpuStorage;

@@ -3,7 +3,6 @@
 //! The copies themselves live in `belt.rs` (staged), `direct.rs` (mapped buffers) and
 //! `copy.rs` (between blocks); every wait goes through the platform seam, and every wgpu call
 //! through `scope.rs`.
-#![deny(unsafe_code)]
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -7,7 +7,6 @@
 //! exception that names the argument. Every devalloc error arrives in JS as an exception with
 //! devalloc's message. Reads return promises: in the browser nothing may block.
 #![cfg(target_arch = "wasm32")]
-#![deny(unsafe_code)]
 
 mod bench;
 mod network;

@@ -15,7 +15,7 @@ use super::MustWait;
 use crate::bounce::Mode;
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::sync::lock;
+use crate::sync::{lock, Unpoisoned};
 use crate::wgpu::lost::{Loss, LostRecord};
 use crate::wgpu::storage::WgpuStorage;
 
@@ -32,7 +32,7 @@ static POLLS: RwLock<()> = RwLock::new(());
 
 /// Polls without blocking; false when wgpu panicked (a driver-level loss).
 pub(crate) fn poll_now(device: &wgpu::Device) -> bool {
-    let _polling = POLLS.read().unwrap_or_else(|e| e.into_inner());
+    let _polling = POLLS.read().unpoisoned();
     catch_unwind(AssertUnwindSafe(|| {
         let _ = device.poll(wgpu::PollType::Poll);
     }))
@@ -43,7 +43,7 @@ pub(crate) fn poll_now(device: &wgpu::Device) -> bool {
 /// before wgpu fires its lost callback. Non-blocking polls with short sleeps, never a wait
 /// with a timeout (see [`poll_loop`]). False when wgpu panicked.
 pub(crate) fn poll_until_idle(device: &wgpu::Device) -> bool {
-    let _polling = POLLS.read().unwrap_or_else(|e| e.into_inner());
+    let _polling = POLLS.read().unpoisoned();
     let deadline = std::time::Instant::now() + Duration::from_secs(1);
     let mut pause = MIN_PAUSE;
     loop {
@@ -61,7 +61,7 @@ pub(crate) fn poll_until_idle(device: &wgpu::Device) -> bool {
 /// Returns once no short poll of devalloc's is half-way (at most one poll slice): its
 /// callbacks, a lost callback included, have run.
 pub(crate) fn finish_polls() {
-    drop(POLLS.write().unwrap_or_else(|e| e.into_inner()));
+    drop(POLLS.write().unpoisoned());
 }
 
 /// The verdict of an error scope: on native (wgpu-core) the future is ready at once.
@@ -264,7 +264,7 @@ fn poll_loop(shared: &PollerShared) {
         {
             let mut st = lock(&shared.state);
             while st.watchers == 0 && !st.stop {
-                st = shared.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+                st = shared.cv.wait(st).unpoisoned();
             }
             if st.stop {
                 return;
@@ -274,7 +274,7 @@ fn poll_loop(shared: &PollerShared) {
             }
         }
         let polled = {
-            let _polling = POLLS.read().unwrap_or_else(|e| e.into_inner());
+            let _polling = POLLS.read().unpoisoned();
             catch_unwind(AssertUnwindSafe(|| shared.device.poll(wgpu::PollType::Poll)))
         };
         match polled {
@@ -293,7 +293,7 @@ fn poll_loop(shared: &PollerShared) {
         }
         let st = lock(&shared.state);
         if st.watchers > 0 && !st.stop && !st.fresh {
-            drop(shared.cv.wait_timeout(st, pause).unwrap_or_else(|e| e.into_inner()));
+            drop(shared.cv.wait_timeout(st, pause).unpoisoned());
         }
         pause = (pause * 2).min(MAX_PAUSE);
     }

@@ -1,5 +1,4 @@
 //! The browser side of the platform seam (see the parent module).
-#![deny(unsafe_code)]
 
 use std::cell::RefCell;
 use std::future::Future;
