@@ -7,7 +7,7 @@
 mod logging;
 use std::time::Instant;
 
-use devalloc::{BindingKind, WgpuAllocator, WgpuOptions};
+use devalloc::wgpu::{BindingKind, WgpuAllocator, WgpuOptions};
 use devalloc::{DeviceAllocator, DeviceMemoryBuffer, DEFAULT_ALIGNMENT};
 
 const SHADER: &str = r#"
@@ -38,7 +38,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::UNIFORM,
         ..Default::default()
     };
-    let alloc: &'static WgpuAllocator = Box::leak(Box::new(WgpuAllocator::new_with(backend, options)?));
+    let alloc: &'static WgpuAllocator = Box::leak(Box::new(WgpuAllocator::with_options(backend, options)?));
     println!("saxpy on {}", alloc.device_name(0));
 
     let n: u32 = 4 << 20;
@@ -47,9 +47,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let ys: Vec<f32> = (0..n).map(|i| (i % 77) as f32 - 38.0).collect();
 
     // All device memory from devalloc: params, x, y.
-    let mut params = DeviceMemoryBuffer::create_with(alloc, 16, 0, DEFAULT_ALIGNMENT)?;
-    let mut x = DeviceMemoryBuffer::create_with(alloc, n as usize * 4, 0, DEFAULT_ALIGNMENT)?;
-    let mut y = DeviceMemoryBuffer::create_with(alloc, n as usize * 4, 0, DEFAULT_ALIGNMENT)?;
+    let mut params = DeviceMemoryBuffer::create_on(alloc, 16, 0, DEFAULT_ALIGNMENT)?;
+    let mut x = DeviceMemoryBuffer::create_on(alloc, n as usize * 4, 0, DEFAULT_ALIGNMENT)?;
+    let mut y = DeviceMemoryBuffer::create_on(alloc, n as usize * 4, 0, DEFAULT_ALIGNMENT)?;
     params.write_at(0, bytemuck::cast_slice(&[a.to_bits(), n, 0, 0]))?;
     x.write_pod(&xs)?;
     y.write_pod(&ys)?;

@@ -18,7 +18,8 @@ mod logging;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use devalloc::{BindingKind, BufferRequest, DeviceAllocator, PlanLayout, WgpuAllocator, WgpuOptions};
+use devalloc::wgpu::{BindingKind, BufferRequest, WgpuAllocator, WgpuOptions};
+use devalloc::{DeviceAllocator, PlanLayout};
 
 const LAYER: &str = r#"
 struct Dims { batch: u32, inputs: u32, outputs: u32, relu: u32 }
@@ -103,14 +104,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         on_device_lost: Some(Arc::new(|reason, msg: &str| eprintln!("app: device lost ({reason:?}): {msg}"))),
         ..WgpuOptions::default()
     };
-    let alloc = WgpuAllocator::from_device_with(device.clone(), queue.clone(), options)?;
+    let alloc = WgpuAllocator::from_device_with_options(device.clone(), queue.clone(), options)?;
     println!("mlp on {}", alloc.device_name(0));
 
     // Weights: one labelled allocation each (wgpu's messages name them).
     let (w1, b1, w2, b2) =
         (values(IN * HIDDEN, 1), values(HIDDEN, 2), values(HIDDEN * OUT, 3), values(OUT, 4));
     let weight = |data: &[f32], label: &str| -> devalloc::Result<devalloc::DevicePtr> {
-        let p = alloc.allocate_with(0, &BufferRequest::new(data.len() * 4).label(label))?;
+        let p = alloc.allocate_request(&BufferRequest::new(data.len() * 4).label(label), 0)?;
         alloc.copy_host_to_device(p, bytemuck::cast_slice(data), 0)?;
         Ok(p)
     };

@@ -64,7 +64,7 @@ fn parse() -> Result<Args, String> {
 }
 
 fn open(backend: &str) -> Result<Box<dyn DeviceAllocator>, String> {
-    use devalloc::{Route, WgpuAllocator, WgpuOptions};
+    use devalloc::wgpu::{Route, WgpuAllocator, WgpuOptions};
     let (wgpu_backend, route) = match backend {
         "host" => return Ok(Box::new(HostAllocator::new())),
         "vulkan" => (wgpu::Backend::Vulkan, Route::Staged),
@@ -73,7 +73,7 @@ fn open(backend: &str) -> Result<Box<dyn DeviceAllocator>, String> {
         other => return Err(format!("unknown backend {other}")),
     };
     let options = WgpuOptions { route: Some(route), ..WgpuOptions::default() };
-    WgpuAllocator::new_with(wgpu_backend, options).map(|a| Box::new(a) as _).map_err(|e| e.to_string())
+    WgpuAllocator::with_options(wgpu_backend, options).map(|a| Box::new(a) as _).map_err(|e| e.to_string())
 }
 
 /// What a thread holds: each buffer's address and the bytes it must contain.
@@ -200,7 +200,9 @@ fn copy(
 }
 
 fn synchronize(a: &dyn DeviceAllocator, asynchronous: bool) -> devalloc::Result<()> {
-    let Some(w) = a.as_any().and_then(|x| x.downcast_ref::<devalloc::WgpuAllocator>()) else { return Ok(()) };
+    let Some(w) = a.as_any().and_then(|x| x.downcast_ref::<devalloc::wgpu::WgpuAllocator>()) else {
+        return Ok(());
+    };
     if asynchronous {
         pollster::block_on(w.synchronize_async(0))
     } else {

@@ -126,7 +126,7 @@ fn round_trip(
 ) -> devalloc::Result<(usize, f64, f64)> {
     let n = 4 << 20;
     let values: Vec<f32> = (0..n).map(|i| i as f32 * 0.25 - 7.0).collect();
-    let mut buf = DeviceMemoryBuffer::create_with(alloc, n * 4, index, DEFAULT_ALIGNMENT)?;
+    let mut buf = DeviceMemoryBuffer::create_on(alloc, n * 4, index, DEFAULT_ALIGNMENT)?;
     let t = Instant::now();
     buf.write_pod(&values)?;
     let up = (n * 4) as f64 / t.elapsed().as_secs_f64() / 1e9;
@@ -167,7 +167,7 @@ fn labeled(
         return a.allocate_labeled(nbytes, index, DEFAULT_ALIGNMENT, label);
     }
     #[cfg(feature = "wgpu")]
-    if let Some(a) = any.and_then(|a| a.downcast_ref::<devalloc::WgpuAllocator>()) {
+    if let Some(a) = any.and_then(|a| a.downcast_ref::<devalloc::wgpu::WgpuAllocator>()) {
         return a.allocate_labeled(nbytes, index, DEFAULT_ALIGNMENT, label);
     }
     alloc.allocate(nbytes, index, DEFAULT_ALIGNMENT)

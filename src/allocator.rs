@@ -205,8 +205,8 @@ pub trait DeviceAllocator: WasmNotSendSync {
     }
 
     /// Every device's live allocations, cache, planned buffers, stats and recorded history,
-    /// as a [`crate::Snapshot`] (JSON with `to_json`). Default: [`Error::NotSupported`].
-    fn snapshot(&self) -> Result<crate::Snapshot> {
+    /// as a [`crate::snapshot::Snapshot`] (JSON with `to_json`). Default: [`Error::NotSupported`].
+    fn snapshot(&self) -> Result<crate::snapshot::Snapshot> {
         Err(not_implemented(self.device_type(), "snapshot"))
     }
 

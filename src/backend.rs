@@ -4,10 +4,14 @@
 //! allocate, read, write and copy one block of its memory. The generic [`Pool`] runs the
 //! policy over it (addresses, bounds checks, the size-class cache, the memory limit, stats,
 //! planned buffers, leak reports; see [`Pool`]'s module docs for the rules), and
-//! [`PooledAllocator`] turns one pool per device into a [`crate::DeviceAllocator`].
+//! [`PooledAllocator`] turns one pool per device into a [`crate::DeviceAllocator`]. Every
+//! [`Pooled`] type (a built-in allocator, or a type of your own around a `PooledAllocator`) is
+//! a `DeviceAllocator`, and `pooled()` reaches its pools: `use devalloc::backend::Pooled;
+//! host.pooled().pool(0)?.storage()`.
 //!
 //! ```
-//! use devalloc::backend::{Pool, PoolConfig, PooledAllocator, Storage};
+//! use devalloc::backend::{Pool, PooledAllocator, Storage};
+//! use devalloc::PoolOptions;
 //! use devalloc::{Device, DeviceAllocator, DeviceType, Result};
 //! use std::sync::Mutex;
 //!
@@ -39,7 +43,7 @@
 //!     }
 //! }
 //!
-//! let pool = Pool::new(VecStorage, PoolConfig { caching: true, ..PoolConfig::default() })?;
+//! let pool = Pool::new(VecStorage, PoolOptions { caching: true, ..PoolOptions::default() })?;
 //! let alloc = PooledAllocator::from_pools(DeviceType::Gl, vec![pool])?;
 //! let p = alloc.allocate(100, 0, 64)?;
 //! alloc.copy_host_to_device(p.offset(10)?, b"hi", 0)?;
@@ -48,10 +52,10 @@
 //! ```
 
 #[cfg(all(feature = "cuda", native))]
-pub use crate::cuda::{CudaBlock, CudaStorage};
+pub use crate::cuda::storage::{CudaBlock, CudaStorage};
 pub use crate::host::HostStorage;
-pub use crate::pool::{AllocationInfo, BlockRef, Pool, PoolConfig};
-pub use crate::pooled_allocator::PooledAllocator;
+pub use crate::pool::{BlockRef, Pool};
+pub use crate::pooled_allocator::{Pooled, PooledAllocator};
 pub use crate::storage::Storage;
 #[cfg(feature = "wgpu")]
-pub use crate::wgpu::{WgpuBlock, WgpuParams, WgpuStorage};
+pub use crate::wgpu::storage::{WgpuBlock, WgpuParams, WgpuStorage};

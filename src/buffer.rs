@@ -73,14 +73,14 @@ impl DeviceMemoryBuffer<'static> {
         index: DeviceIndex,
         alignment: usize,
     ) -> Result<Self> {
-        Self::create_with(registry.require(device_type)?, size, index, alignment)
+        Self::create_on(registry.require(device_type)?, size, index, alignment)
     }
 }
 
 impl<'a> DeviceMemoryBuffer<'a> {
     /// Allocates through `allocator` directly; the buffer borrows it (any lifetime: an
     /// allocator on the stack will do).
-    pub fn create_with(
+    pub fn create_on(
         allocator: &'a dyn DeviceAllocator,
         size: usize,
         index: DeviceIndex,

@@ -9,14 +9,16 @@ use crate::error::{Error, Result};
 pub type DeviceIndex = u32;
 
 /// Number of [`DeviceType`] variants: the size of a [`crate::DeviceAllocatorRegistry`] table.
-pub const NUM_DEVICE_TYPES: usize = 7;
+pub(crate) const NUM_DEVICE_TYPES: usize = 7;
 
 /// One kind of device memory. Each kind has at most one allocator in a registry.
 ///
 /// Prints as and parses from its lower-case name: `cpu`, `cuda`, `vulkan`, `metal`, `dx12`,
-/// `gl`, `webgpu`.
+/// `gl`, `webgpu`. More kinds may come (the enum is `non_exhaustive`, and addresses leave
+/// room for 15 kinds): match with a wildcard arm, and iterate [`DeviceType::ALL`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[repr(u8)]
+#[non_exhaustive]
 pub enum DeviceType {
     /// Host memory.
     Cpu = 0,
@@ -36,7 +38,7 @@ pub enum DeviceType {
 
 impl DeviceType {
     /// Every device type, in table order.
-    pub const ALL: [DeviceType; NUM_DEVICE_TYPES] = [
+    pub const ALL: &'static [DeviceType] = &[
         DeviceType::Cpu,
         DeviceType::Cuda,
         DeviceType::Vulkan,
@@ -60,7 +62,7 @@ impl DeviceType {
     }
 
     /// Position of this type in a registry table (`0..NUM_DEVICE_TYPES`).
-    pub const fn table_index(self) -> usize {
+    pub(crate) const fn table_index(self) -> usize {
         self as usize
     }
 }
@@ -75,7 +77,7 @@ impl FromStr for DeviceType {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<Self> {
-        DeviceType::ALL.into_iter().find(|t| t.name().eq_ignore_ascii_case(s)).ok_or_else(|| {
+        DeviceType::ALL.iter().copied().find(|t| t.name().eq_ignore_ascii_case(s)).ok_or_else(|| {
             Error::invalid_argument(format!(
                 "unknown device type {s:?}: expected one of cpu, cuda, vulkan, metal, dx12, gl, webgpu"
             ))
@@ -131,7 +133,8 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        for t in DeviceType::ALL {
+        assert_eq!(DeviceType::ALL.len(), NUM_DEVICE_TYPES);
+        for &t in DeviceType::ALL {
             assert_eq!(t.to_string().parse::<DeviceType>().unwrap(), t);
             assert_eq!(DeviceType::ALL[t.table_index()], t);
         }

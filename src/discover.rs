@@ -13,13 +13,13 @@ pub struct Registration {
     /// The device type (for wgpu, that of the backend tried).
     pub device_type: DeviceType,
     /// What happened.
-    pub outcome: Outcome,
+    pub outcome: RegistrationOutcome,
 }
 
 /// The outcome of one [`Registration`].
 #[derive(Debug)]
 #[non_exhaustive]
-pub enum Outcome {
+pub enum RegistrationOutcome {
     /// Registered, with these devices (their names).
     Registered {
         /// One name per device index.
@@ -39,7 +39,7 @@ pub enum Outcome {
 impl Registration {
     /// Whether an allocator was registered.
     pub fn is_registered(&self) -> bool {
-        matches!(self.outcome, Outcome::Registered { .. })
+        matches!(self.outcome, RegistrationOutcome::Registered { .. })
     }
 
     pub(crate) fn made(
@@ -51,12 +51,12 @@ impl Registration {
             Ok(a) => {
                 let devices = (0..a.device_count() as crate::DeviceIndex).map(|i| a.device_name(i)).collect();
                 match registry.register_allocator(a) {
-                    Ok(()) => Outcome::Registered { devices },
-                    Err(Error::AlreadyRegistered { .. }) => Outcome::AlreadyRegistered,
-                    Err(e) => Outcome::Unavailable(e),
+                    Ok(()) => RegistrationOutcome::Registered { devices },
+                    Err(Error::AlreadyRegistered { .. }) => RegistrationOutcome::AlreadyRegistered,
+                    Err(e) => RegistrationOutcome::Unavailable(e),
                 }
             }
-            Err(e) => Outcome::Unavailable(e),
+            Err(e) => RegistrationOutcome::Unavailable(e),
         };
         Registration { device_type, outcome }
     }
@@ -66,10 +66,12 @@ impl fmt::Display for Registration {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let t = self.device_type;
         match &self.outcome {
-            Outcome::Registered { devices } => write!(f, "{t}: {}", devices.join(", ")),
-            Outcome::AlreadyRegistered => write!(f, "{t}: already registered"),
-            Outcome::Unavailable(e) => write!(f, "{t}: not available: {e}"),
-            Outcome::NotBuilt { feature } => write!(f, "{t}: not built (enable the `{feature}` feature)"),
+            RegistrationOutcome::Registered { devices } => write!(f, "{t}: {}", devices.join(", ")),
+            RegistrationOutcome::AlreadyRegistered => write!(f, "{t}: already registered"),
+            RegistrationOutcome::Unavailable(e) => write!(f, "{t}: not available: {e}"),
+            RegistrationOutcome::NotBuilt { feature } => {
+                write!(f, "{t}: not built (enable the `{feature}` feature)")
+            }
         }
     }
 }
@@ -80,7 +82,10 @@ impl fmt::Display for Registration {
 pub fn register_available(registry: &DeviceAllocatorRegistry) -> Vec<Registration> {
     let mut report = Vec::new();
     if registry.get_allocator(DeviceType::Cpu).is_some() {
-        report.push(Registration { device_type: DeviceType::Cpu, outcome: Outcome::AlreadyRegistered });
+        report.push(Registration {
+            device_type: DeviceType::Cpu,
+            outcome: RegistrationOutcome::AlreadyRegistered,
+        });
     } else {
         let host: &'static HostAllocator = Box::leak(Box::new(HostAllocator::new()));
         report.push(Registration::made(registry, DeviceType::Cpu, Ok(host)));
@@ -93,7 +98,10 @@ pub fn register_available(registry: &DeviceAllocatorRegistry) -> Vec<Registratio
 #[cfg(all(feature = "cuda", native))]
 fn cuda(registry: &DeviceAllocatorRegistry) -> Registration {
     if registry.get_allocator(DeviceType::Cuda).is_some() {
-        return Registration { device_type: DeviceType::Cuda, outcome: Outcome::AlreadyRegistered };
+        return Registration {
+            device_type: DeviceType::Cuda,
+            outcome: RegistrationOutcome::AlreadyRegistered,
+        };
     }
     let made = crate::cuda::CudaAllocator::new()
         .map(|a| Box::leak(Box::new(a)) as &'static dyn crate::DeviceAllocator);
@@ -102,12 +110,12 @@ fn cuda(registry: &DeviceAllocatorRegistry) -> Registration {
 
 #[cfg(not(all(feature = "cuda", native)))]
 fn cuda(_registry: &DeviceAllocatorRegistry) -> Registration {
-    Registration { device_type: DeviceType::Cuda, outcome: Outcome::NotBuilt { feature: "cuda" } }
+    Registration { device_type: DeviceType::Cuda, outcome: RegistrationOutcome::NotBuilt { feature: "cuda" } }
 }
 
 #[cfg(all(feature = "wgpu", native))]
 fn wgpu_backends(registry: &DeviceAllocatorRegistry) -> Vec<Registration> {
-    crate::wgpu::register_wgpu_backends(registry, &crate::wgpu::WgpuOptions::default())
+    crate::wgpu::register_backends(registry, &crate::wgpu::WgpuOptions::default())
 }
 
 #[cfg(not(all(feature = "wgpu", native)))]

@@ -12,7 +12,7 @@ use std::sync::RwLock;
 
 use crate::device::{Device, DeviceType};
 use crate::error::{Error, Result};
-use crate::pool::{Pool, PoolConfig};
+use crate::pool::{Pool, PoolOptions};
 use crate::pooled_allocator::PooledAllocator;
 use crate::storage::Storage;
 use crate::sync::Unpoisoned;
@@ -157,25 +157,28 @@ impl Storage for HostStorage {
 /// (index 0).
 ///
 /// By default freed memory goes straight back to the system allocator; with
-/// [`PoolConfig::caching`] freed blocks are kept by size class and reused. Fresh memory is
+/// [`PoolOptions::caching`] freed blocks are kept by size class and reused. Fresh memory is
 /// zeroed; reused cached memory holds its old bytes.
-pub type HostAllocator = PooledAllocator<HostStorage>;
+pub struct HostAllocator(PooledAllocator<HostStorage>);
 
-impl Default for PooledAllocator<HostStorage> {
+crate::pooled_allocator::pool_controls!(HostAllocator, HostStorage);
+
+impl Default for HostAllocator {
     fn default() -> Self {
-        Self::with_config(PoolConfig::default()).expect("the default pool settings are valid")
+        Self::with_options(PoolOptions::default()).expect("the default pool settings are valid")
     }
 }
 
-impl PooledAllocator<HostStorage> {
+impl HostAllocator {
     /// A host allocator without caching or limit.
     pub fn new() -> Self {
         Self::default()
     }
 
     /// A host allocator with these pool settings; an error when they are invalid (see
-    /// [`PoolConfig`]).
-    pub fn with_config(config: PoolConfig) -> Result<Self> {
-        PooledAllocator::from_pools(DeviceType::Cpu, vec![Pool::new(HostStorage, config)?])
+    /// [`PoolOptions`]).
+    pub fn with_options(options: PoolOptions) -> Result<Self> {
+        let pools = vec![Pool::new(HostStorage, options)?];
+        Ok(HostAllocator(PooledAllocator::from_pools(DeviceType::Cpu, pools)?))
     }
 }

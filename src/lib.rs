@@ -9,10 +9,10 @@
 //! | allocator | device types | feature |
 //! |---|---|---|
 //! | [`HostAllocator`] | `cpu` | always |
-//! | `WgpuAllocator` | `vulkan`, `metal`, `dx12`, `gl`, `webgpu` | `vulkan`, `metal`, `dx12`, `gles`, `webgpu` (default), `webgl` |
-//! | `CudaAllocator` | `cuda` | `cuda` (native; the driver is loaded at run time) |
+//! | [`wgpu::WgpuAllocator`] | `vulkan`, `metal`, `dx12`, `gl`, `webgpu` | `vulkan`, `metal`, `dx12`, `gles`, `webgpu` (default), `webgl` |
+//! | `cuda::CudaAllocator` | `cuda` | `cuda` (native; the driver is loaded at run time) |
 //!
-//! devalloc speaks wgpu 30 (re-exported as `devalloc::wgpu_api`); an app that uses wgpu
+//! devalloc speaks wgpu 30 (re-exported as `devalloc::wgpu::api`); an app that uses wgpu
 //! itself depends on the same major version. `default-features = false, features = ["vulkan"]`
 //! builds wgpu for Vulkan alone.
 //!
@@ -58,90 +58,52 @@
 //!   and says what is held. In the browser, WebGPU reports a buffer it could not create only
 //!   later, asynchronously: devalloc logs it, and the allocation has already returned.
 //! - Stale, interior and foreign pointers are refused: host and wgpu addresses are virtual and
-//!   a freed range is not handed out again within 2^32 frees (unless the device's 8 PiB
+//!   a freed range is not handed out again within 2^32 frees (unless the device's 4 PiB
 //!   window has no other room), so a use after free is reported as such.
 //! - Copies between devices of different types go through [`DeviceAllocatorRegistry::copy`],
 //!   which bounces through a small host buffer in chunks.
 //!
 //! ## The public API
 //!
-//! - The contract: [`DeviceAllocator`], [`AllocatorStats`], [`DEFAULT_ALIGNMENT`],
+//! The contract and the registry sit at the root; each backend and the snapshot format have a
+//! namespace of their own (as `gpu_allocator::vulkan`), and what a backend author needs lives
+//! in [`backend`].
+//!
+//! - **The contract**: [`DeviceAllocator`], [`AllocatorStats`], [`DEFAULT_ALIGNMENT`],
 //!   [`BoxFuture`], [`WasmNotSendSync`]; devices and addresses: [`DeviceType`], [`Device`],
-//!   [`DeviceIndex`], [`NUM_DEVICE_TYPES`], [`DevicePtr`]; errors: [`Error`],
-//!   [`PointerProblem`], [`Result`], [`BackendSource`].
-//! - The registry: [`DeviceAllocatorRegistry`] (with [`DeviceAllocatorRegistry::get`] for the
-//!   concrete type back, and [`DeviceAllocatorRegistry::get_or_register`]),
-//!   [`register_device_allocator`], [`get_device_allocator`], [`copy`],
-//!   [`register_available`] with its [`Registration`] / [`Outcome`].
-//! - Owning memory: [`DeviceMemoryBuffer`], [`PlannedMemory`], [`PlanLayout`].
-//! - Allocators: [`HostAllocator`] with [`PoolConfig`]; with a wgpu feature `WgpuAllocator`,
-//!   `WgpuOptions`, `Route`, `BufferRequest`, `BufferRange`, `BindingKind`,
-//!   `DeviceLostHandler`, `register_wgpu_backends` and the `wgpu_api` re-export; with `cuda`
-//!   `CudaAllocator`, `CudaOptions`, `CopyTuning`, `cuda_library` and the `cudarc_api`
-//!   re-export.
-//! - Where the memory went: [`Snapshot`] and its parts ([`DeviceSnapshot`], [`LiveAllocation`],
-//!   [`CachedBlocks`], [`PlannedBuffer`], [`DeviceMemory`], [`HistorySnapshot`], [`Event`],
-//!   [`EventKind`], [`CopyCounts`], [`Count`]), [`SNAPSHOT_FORMAT`], [`SNAPSHOT_VERSION`].
-//! - [`backend`]: what someone writing a backend of their own needs (`Storage`, `Pool`,
-//!   `PooledAllocator`, `BlockRef`, `AllocationInfo`, the built-in storages).
+//!   [`DeviceIndex`], [`DevicePtr`]; errors: [`Error`], [`PointerProblem`], [`Result`],
+//!   [`BackendSource`].
+//! - **The registry**: [`DeviceAllocatorRegistry`], [`register_device_allocator`],
+//!   [`get_device_allocator`], [`copy_across_devices`], [`register_available`] with its
+//!   [`Registration`] / [`RegistrationOutcome`].
+//! - **Owning memory**: [`DeviceMemoryBuffer`], [`PlannedMemory`], [`PlanLayout`].
+//! - **Host memory**: [`HostAllocator`], with the pool settings every built-in allocator shares,
+//!   [`PoolOptions`].
+//! - **[`wgpu`]** (a wgpu feature): `WgpuAllocator`, `WgpuOptions`, `Route`, `BufferRequest`,
+//!   `BufferRange`, `BindingKind`, `DeviceLostHandler`, `register_backends`, and `api` (the
+//!   wgpu crate devalloc speaks). Its module docs are the guide for wgpu apps.
+//! - **`cuda`** (feature `cuda`, native): `CudaAllocator`, `CudaOptions`, `CopyTuning`,
+//!   `loaded_library`, and `api` (cudarc).
+//! - **[`snapshot`]**: where the memory went, as a versioned JSON document: `Snapshot`,
+//!   `DeviceSnapshot`, `LiveAllocation`, `CachedBlocks`, `PlannedBuffer`, `MemoryReport`,
+//!   `HistorySnapshot`, `Event`, `EventKind`, `CopyCounts`, `Count`, `FORMAT`, `VERSION`.
+//! - **[`backend`]**: writing a backend of your own: `Storage`, `Pool`, `PooledAllocator`,
+//!   `Pooled` (which also reaches a built-in allocator's pools), `BlockRef`, the built-in
+//!   storages.
 //!
-//! ## Using devalloc in a wgpu app
+//! Conventions, the same in every namespace:
 //!
-//! An app that already has a `wgpu::Device` hands it over with `WgpuAllocator::from_device`
-//! (or `from_device_with`) and keeps using it; devalloc is a guest:
-//!
-//! - **Adoption.** devalloc never replaces the device's uncaptured-error handler: its own calls
-//!   run in error scopes, so the app's handler sees the app's errors (the one call that runs
-//!   without, a direct-route map of a buffer the app was never given, cannot raise one short
-//!   of a race inside wgpu during a `destroy()`: see the wgpu backend's docs). The device's lost
-//!   callback is the exception: wgpu keeps one per device and cannot hand back one already
-//!   set, and devalloc needs it to notice a loss. Give yours as `WgpuOptions::on_device_lost`
-//!   (devalloc calls it once, after recording the loss) and do not set the device's lost
-//!   callback yourself after adoption. devalloc polls the device without blocking at the
-//!   start of every call that touches it, or waits on a poll anyway, or (uploads) sees wgpu
-//!   refuse the work of a device that is no longer valid and then waits for the loss, so after
-//!   `device.destroy()` every such call of every allocator on it is [`Error::DeviceLost`]:
-//!   allocations, copies, range checks, buffers, `synchronize`; a `BufferRange`'s `binding`
-//!   polls nothing and is `DeviceLost` once any call has seen the loss. Bookkeeping keeps
-//!   working so that the app can clean up: `deallocate`, `release_buffers`, `empty_cache`,
-//!   `stats`, `get_offset_address`. A copy of 0 bytes touches nothing and is `Ok` even then.
-//!   One limit, wgpu's: a device destroyed while its queue still has work is invalid at once,
-//!   but wgpu reports the loss only once that work is done (as WebGPU specifies), and wgpu 30
-//!   offers no cheap way to ask whether a device is still valid. Until then a call that needs
-//!   no answer from the device (an allocation from the cache or a new buffer, `buffer`,
-//!   `check_range`, an aligned device-to-device copy) can return `Ok`; every call that does
-//!   (reads, writes, copies through the host, `synchronize`) sees wgpu refuse it, waits for
-//!   the report (or records the loss itself after a second) and is `DeviceLost`.
-//! - **Buffers you are given stay devalloc's.** Bind them, copy to and from them; do not
-//!   destroy them or leave them mapped. devalloc's copies on such a buffer fail with an error
-//!   (not a panic), and once freed it is dropped rather than cached for the next allocation.
-//! - **Binding.** `WgpuAllocator::buffer(ptr, index)` (to the end of the allocation) or
-//!   `buffer_range(ptr, len, index)` gives a `BufferRange`; its `binding(BindingKind::Storage)`
-//!   or `binding(BindingKind::Uniform)` returns a `wgpu::BufferBinding` or an error that names
-//!   the device limit it breaks (offset alignment, binding size, usage, empty range).
-//! - **Alignment and plans.** Copies work at any offset; bindings need offsets that are
-//!   multiples of `binding_alignment(index)`. Lay out plans with [`PlanLayout`] at that
-//!   alignment (an existing plan's offsets cannot be moved). wgpu tracks usage per buffer, so
-//!   two tensors of one planned buffer bound in one dispatch need the same access: bind planned
-//!   activations `read_write`, or use one planned buffer per access kind.
-//! - **Usage and labels.** `allocate_with(index, &BufferRequest::new(n).usage(..).label(..))`
-//!   chooses usage per allocation (uniform, vertex, index, indirect...) and a label that wgpu's
-//!   own messages show. The cache keeps buffers apart by usage and label.
-//! - **The cache's reuse rule.** A freed buffer is cached and handed out again: a bind group
-//!   (or any command) built on a freed allocation then reaches the next allocation in that
-//!   buffer, as with every caching allocator (PyTorch's included). Drop bind groups before
-//!   freeing. `PoolConfig::reuse_freed = false` never reuses freed buffers, so such a bug shows
-//!   in testing.
-//! - **Async.** On native the `_async` copies return `Pending` and are woken by a polling
-//!   thread per device (map callbacks and `on_device_lost` then run on it, so
-//!   `on_device_lost` must not call back into devalloc); the blocking copies poll inline. In
-//!   the browser nothing may block: blocking calls that would wait return
-//!   [`Error::NotSupported`] naming their async twin.
-//! - **App buffers.** `copy_to_buffer` / `copy_from_buffer` move data between devalloc memory
-//!   and buffers the app made, on the GPU, in queue order.
-//!
-//! `examples/mlp.rs` is such an app: a 2-layer network whose weights are devalloc allocations
-//! and whose activations live in one planned buffer, beside the app's own uniform buffers.
+//! - **Argument order**: what the call acts on (addresses, sizes, data), then the device
+//!   index, then settings (alignment, label): `allocate(nbytes, index, alignment)`,
+//!   `deallocate(ptr, index)`, `copy_host_to_device(dst, src, index)`,
+//!   `WgpuAllocator::buffer(ptr, index)`, `allocate_request(&request, index)`,
+//!   `set_memory_limit(limit, index)`. A copy between two devices names each end's index right
+//!   after its address: `copy_device_to_device(dst, dst_index, src, src_index, nbytes)`.
+//! - **`with_options`** is a constructor that takes an options struct (`HostAllocator`,
+//!   `WgpuAllocator`, `CudaAllocator`; `WgpuAllocator::from_device_with_options`);
+//!   `_async` marks the twin that never blocks. No other `_with`.
+//! - **Allocators are types of their own**, each a [`DeviceAllocator`]; their pools are reached
+//!   through [`backend::Pooled`].
 
 mod allocator;
 pub mod backend;
@@ -149,7 +111,7 @@ mod bounce;
 mod buffer;
 mod checks;
 #[cfg(all(feature = "cuda", native))]
-mod cuda;
+pub mod cuda;
 mod device;
 mod discover;
 mod error;
@@ -159,40 +121,23 @@ mod pool;
 mod pooled_allocator;
 mod ptr;
 mod registry;
-mod snapshot;
+pub mod snapshot;
 mod storage;
 mod sync;
 #[cfg(feature = "wgpu")]
-mod wgpu;
+pub mod wgpu;
 
-/// The cudarc crate devalloc's CUDA backend is built on (0.19): contexts and streams of your
-/// own that work with devalloc's device addresses.
-#[cfg(all(feature = "cuda", native))]
-pub use ::cudarc as cudarc_api;
-/// The wgpu crate devalloc speaks (major version 30): use these types with devalloc, and depend
-/// on the same major version in your app (two versions of wgpu do not mix).
-#[cfg(feature = "wgpu")]
-pub use ::wgpu as wgpu_api;
 pub use allocator::{AllocatorStats, BoxFuture, DeviceAllocator, DEFAULT_ALIGNMENT};
 pub use buffer::DeviceMemoryBuffer;
-#[cfg(all(feature = "cuda", native))]
-pub use cuda::{loaded_library as cuda_library, CopyTuning, CudaAllocator, CudaOptions};
-pub use device::{Device, DeviceIndex, DeviceType, NUM_DEVICE_TYPES};
-pub use discover::{register_available, Outcome, Registration};
+pub use device::{Device, DeviceIndex, DeviceType};
+pub use discover::{register_available, Registration, RegistrationOutcome};
 pub use error::{BackendSource, Error, PointerProblem, Result};
 pub use host::HostAllocator;
 pub use planned::{PlanLayout, PlannedMemory};
-pub use pool::PoolConfig;
+pub use pool::PoolOptions;
 pub use ptr::DevicePtr;
-pub use registry::{copy, get_device_allocator, register_device_allocator, DeviceAllocatorRegistry};
-pub use snapshot::{
-    CachedBlocks, CopyCounts, Count, DeviceMemory, DeviceSnapshot, Event, EventKind, HistorySnapshot,
-    LiveAllocation, PlannedBuffer, Snapshot, SNAPSHOT_FORMAT, SNAPSHOT_VERSION,
-};
-#[cfg(feature = "wgpu")]
-pub use wgpu::{
-    register_wgpu_backends, BindingKind, BufferRange, BufferRequest, DeviceLostHandler, Route, WgpuAllocator,
-    WgpuOptions,
+pub use registry::{
+    copy_across_devices, get_device_allocator, register_device_allocator, DeviceAllocatorRegistry,
 };
 
 /// `Send + Sync` on native; nothing on wasm, where wgpu's web types are neither (as wgpu's own

@@ -1,8 +1,9 @@
 //! [`PooledAllocator`]: the one [`DeviceAllocator`] implementation behind every built-in
 //! allocator: one [`Pool`] per device over a backend's [`Storage`].
 //!
-//! [`crate::HostAllocator`], `WgpuAllocator` and `CudaAllocator` are this type over their
-//! storage; their constructors live in their own modules.
+//! [`crate::HostAllocator`], `WgpuAllocator` and `CudaAllocator` are types of their own, each
+//! holding a `PooledAllocator` over its storage ([`Pooled`] hands it out); every [`Pooled`]
+//! type is a [`DeviceAllocator`] through the one implementation here.
 
 use std::any::Any;
 
@@ -56,7 +57,7 @@ impl<S: Storage> PooledAllocator<S> {
         alignment: usize,
         label: &str,
     ) -> Result<DevicePtr> {
-        self.pool(index)?.allocate_with(nbytes, alignment, Some(label), S::Params::default())
+        self.pool(index)?.allocate_params(nbytes, alignment, Some(label), S::Params::default())
     }
 
     /// Frees every cached block of every device; returns the bytes given back.
@@ -65,7 +66,7 @@ impl<S: Storage> PooledAllocator<S> {
     }
 
     /// Sets (or with `None` lifts) the memory limit of device `index`.
-    pub fn set_memory_limit(&self, index: DeviceIndex, limit: Option<u64>) -> Result<()> {
+    pub fn set_memory_limit(&self, limit: Option<u64>, index: DeviceIndex) -> Result<()> {
         self.pool(index)?.set_memory_limit(limit);
         Ok(())
     }
@@ -73,7 +74,7 @@ impl<S: Storage> PooledAllocator<S> {
     /// Sets device `index`'s memory limit to `fraction` (0 to 1) of the device's memory, where
     /// the backend knows its size (CUDA); [`Error::NotSupported`] elsewhere (wgpu has no query
     /// for a device's memory size).
-    pub fn set_memory_fraction(&self, index: DeviceIndex, fraction: f64) -> Result<()> {
+    pub fn set_memory_fraction(&self, fraction: f64, index: DeviceIndex) -> Result<()> {
         let pool = self.pool(index)?;
         if !(fraction > 0.0 && fraction <= 1.0) {
             return Err(Error::invalid_argument(format!("memory fraction {fraction}: it must be in (0, 1]")));
@@ -149,25 +150,105 @@ impl<S: Storage + 'static> PooledAllocator<S> {
     }
 }
 
-impl<S: Storage + 'static> DeviceAllocator for PooledAllocator<S> {
+/// A type whose memory is one [`PooledAllocator`]: every built-in allocator, and a backend of
+/// your own. It is a [`DeviceAllocator`] through the pooled allocator it hands out.
+pub trait Pooled: crate::WasmNotSendSync + 'static {
+    /// The storage under the pools.
+    type Storage: Storage + 'static;
+
+    /// The pooled allocator: one [`Pool`] per device (stats, limit, cache, live allocations).
+    fn pooled(&self) -> &PooledAllocator<Self::Storage>;
+}
+
+impl<S: Storage + 'static> Pooled for PooledAllocator<S> {
+    type Storage = S;
+
+    fn pooled(&self) -> &PooledAllocator<S> {
+        self
+    }
+}
+
+/// Common pool controls as inherent methods of a built-in allocator (a newtype over a
+/// [`PooledAllocator`] in field 0), so that they are on its own page of the docs.
+macro_rules! pool_controls {
+    ($name:ident, $storage:ty) => {
+        impl crate::backend::Pooled for $name {
+            type Storage = $storage;
+            fn pooled(&self) -> &crate::backend::PooledAllocator<Self::Storage> {
+                &self.0
+            }
+        }
+
+        impl $name {
+            /// Allocates with a label, which reports, snapshots and (on wgpu) the device's own
+            /// messages show.
+            pub fn allocate_labeled(
+                &self,
+                nbytes: usize,
+                index: crate::DeviceIndex,
+                alignment: usize,
+                label: &str,
+            ) -> crate::Result<crate::DevicePtr> {
+                self.0.allocate_labeled(nbytes, index, alignment, label)
+            }
+
+            /// Sets (or with `None` lifts) the memory limit of device `index`: past it an
+            /// allocation is `OutOfMemory` (after the cache is given back), before the device
+            /// itself runs out. Blocks already held are not freed.
+            pub fn set_memory_limit(
+                &self,
+                limit: Option<u64>,
+                index: crate::DeviceIndex,
+            ) -> crate::Result<()> {
+                self.0.set_memory_limit(limit, index)
+            }
+
+            /// The memory limit of device `index`.
+            pub fn memory_limit(&self, index: crate::DeviceIndex) -> crate::Result<Option<u64>> {
+                Ok(self.0.pool(index)?.memory_limit())
+            }
+
+            /// Gives every cached block of every device back; returns the bytes given back.
+            pub fn empty_cache(&self) -> u64 {
+                self.0.empty_cache()
+            }
+
+            /// Every live allocation of device `index`, in address order.
+            pub fn live_allocations(
+                &self,
+                index: crate::DeviceIndex,
+            ) -> crate::Result<Vec<crate::snapshot::LiveAllocation>> {
+                Ok(self.0.pool(index)?.live_allocations())
+            }
+
+            /// A readable summary of every device: stats and live allocations.
+            pub fn report(&self) -> String {
+                self.0.report()
+            }
+        }
+    };
+}
+pub(crate) use pool_controls;
+
+impl<T: Pooled> DeviceAllocator for T {
     fn device_type(&self) -> DeviceType {
-        self.device_type
+        self.pooled().device_type
     }
 
     fn allocate(&self, nbytes: usize, index: DeviceIndex, alignment: usize) -> Result<DevicePtr> {
-        self.pool(index)?.allocate(nbytes, alignment)
+        self.pooled().pool(index)?.allocate(nbytes, alignment)
     }
 
     fn deallocate(&self, ptr: DevicePtr, index: DeviceIndex) -> Result<()> {
-        self.pool(index)?.deallocate(ptr).map_err(|e| self.foreign(index, ptr, e))
+        self.pooled().pool(index)?.deallocate(ptr).map_err(|e| self.pooled().foreign(index, ptr, e))
     }
 
     fn copy_host_to_device(&self, dst: DevicePtr, src: &[u8], index: DeviceIndex) -> Result<()> {
-        self.pool(index)?.write(dst, src).map_err(|e| self.foreign(index, dst, e))
+        self.pooled().pool(index)?.write(dst, src).map_err(|e| self.pooled().foreign(index, dst, e))
     }
 
     fn copy_device_to_host(&self, dst: &mut [u8], src: DevicePtr, index: DeviceIndex) -> Result<()> {
-        self.pool(index)?.read(dst, src).map_err(|e| self.foreign(index, src, e))
+        self.pooled().pool(index)?.read(dst, src).map_err(|e| self.pooled().foreign(index, src, e))
     }
 
     fn copy_device_to_device(
@@ -178,7 +259,7 @@ impl<S: Storage + 'static> DeviceAllocator for PooledAllocator<S> {
         src_index: DeviceIndex,
         nbytes: usize,
     ) -> Result<()> {
-        run_blocking(self.copy_d2d(dst, dst_index, src, src_index, nbytes, Mode::Blocking))
+        run_blocking(self.pooled().copy_d2d(dst, dst_index, src, src_index, nbytes, Mode::Blocking))
     }
 
     fn copy_device_to_device_async<'a>(
@@ -189,31 +270,31 @@ impl<S: Storage + 'static> DeviceAllocator for PooledAllocator<S> {
         src_index: DeviceIndex,
         nbytes: usize,
     ) -> BoxFuture<'a, Result<()>> {
-        Box::pin(self.copy_d2d(dst, dst_index, src, src_index, nbytes, Mode::Async))
+        Box::pin(self.pooled().copy_d2d(dst, dst_index, src, src_index, nbytes, Mode::Async))
     }
 
     fn check_range(&self, ptr: DevicePtr, nbytes: usize, index: DeviceIndex) -> Result<()> {
-        let pool = self.pool(index)?;
+        let pool = self.pooled().pool(index)?;
         if nbytes == 0 {
             return Ok(());
         }
         pool.storage().check_usable()?;
-        pool.block_at(ptr, len64(nbytes)).map(drop).map_err(|e| self.foreign(index, ptr, e))
+        pool.block_at(ptr, len64(nbytes)).map(drop).map_err(|e| self.pooled().foreign(index, ptr, e))
     }
 
     fn device_count(&self) -> usize {
-        self.pools.len()
+        self.pooled().pools.len()
     }
 
     fn device_name(&self, index: DeviceIndex) -> String {
-        match self.pool(index) {
+        match self.pooled().pool(index) {
             Ok(p) => p.storage().name(),
             Err(e) => e.to_string(),
         }
     }
 
     fn init_buffer(&self, memory_id: u32, nbytes: usize, index: DeviceIndex) -> Result<DevicePtr> {
-        self.pool(index)?.init_buffer(memory_id, nbytes)
+        self.pooled().pool(index)?.init_buffer(memory_id, nbytes)
     }
 
     fn get_offset_address(
@@ -223,15 +304,15 @@ impl<S: Storage + 'static> DeviceAllocator for PooledAllocator<S> {
         nbytes: usize,
         index: DeviceIndex,
     ) -> Result<DevicePtr> {
-        self.pool(index)?.get_offset_address(memory_id, offset, nbytes)
+        self.pooled().pool(index)?.get_offset_address(memory_id, offset, nbytes)
     }
 
     fn release_buffers(&self, index: DeviceIndex) -> Result<()> {
-        self.pool(index)?.release_buffers()
+        self.pooled().pool(index)?.release_buffers()
     }
 
     fn stats(&self, index: DeviceIndex) -> Result<AllocatorStats> {
-        Ok(self.pool(index)?.stats())
+        Ok(self.pooled().pool(index)?.stats())
     }
 
     fn copy_host_to_device_async<'a>(
@@ -241,8 +322,8 @@ impl<S: Storage + 'static> DeviceAllocator for PooledAllocator<S> {
         index: DeviceIndex,
     ) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
-            let pool = self.pool(index)?;
-            pool.write_async(dst, src).await.map_err(|e| self.foreign(index, dst, e))
+            let pool = self.pooled().pool(index)?;
+            pool.write_async(dst, src).await.map_err(|e| self.pooled().foreign(index, dst, e))
         })
     }
 
@@ -253,18 +334,18 @@ impl<S: Storage + 'static> DeviceAllocator for PooledAllocator<S> {
         index: DeviceIndex,
     ) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
-            let pool = self.pool(index)?;
-            pool.read_async(dst, src).await.map_err(|e| self.foreign(index, src, e))
+            let pool = self.pooled().pool(index)?;
+            pool.read_async(dst, src).await.map_err(|e| self.pooled().foreign(index, src, e))
         })
     }
 
     fn record_history(&self, events: usize) -> Result<()> {
-        self.pools.iter().for_each(|p| p.record_history(events, false));
+        self.pooled().pools.iter().for_each(|p| p.record_history(events, false));
         Ok(())
     }
 
-    fn snapshot(&self) -> Result<crate::Snapshot> {
-        Ok(crate::Snapshot::new(self.pools.iter().map(Pool::snapshot).collect()))
+    fn snapshot(&self) -> Result<crate::snapshot::Snapshot> {
+        Ok(crate::snapshot::Snapshot::new(self.pooled().pools.iter().map(Pool::snapshot).collect()))
     }
 
     fn as_any(&self) -> Option<&dyn Any> {

@@ -114,10 +114,10 @@ impl DeviceAllocatorRegistry {
         self.slots.iter().filter_map(|s| s.get().copied())
     }
 
-    /// One [`crate::Snapshot`] of every device of every registered allocator that can take one.
-    pub fn snapshot(&self) -> crate::Snapshot {
+    /// One [`crate::snapshot::Snapshot`] of every device of every registered allocator that can take one.
+    pub fn snapshot(&self) -> crate::snapshot::Snapshot {
         let devices = self.allocators().filter_map(|a| a.snapshot().ok()).flat_map(|s| s.devices).collect();
-        crate::Snapshot::new(devices)
+        crate::snapshot::Snapshot::new(devices)
     }
 
     /// Copies `nbytes` from `src_ptr` on `src` to `dst_ptr` on `dst`: through the allocator's
@@ -182,6 +182,12 @@ pub fn get_device_allocator(device_type: DeviceType) -> Option<&'static dyn Devi
 }
 
 /// [`DeviceAllocatorRegistry::copy`] on the process-wide registry.
-pub fn copy(dst: Device, dst_ptr: DevicePtr, src: Device, src_ptr: DevicePtr, nbytes: usize) -> Result<()> {
+pub fn copy_across_devices(
+    dst: Device,
+    dst_ptr: DevicePtr,
+    src: Device,
+    src_ptr: DevicePtr,
+    nbytes: usize,
+) -> Result<()> {
     DeviceAllocatorRegistry::instance().copy(dst, dst_ptr, src, src_ptr, nbytes)
 }

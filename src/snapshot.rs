@@ -37,6 +37,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::allocator::AllocatorStats;
 use crate::error::{Error, Result};
+use crate::ptr::DevicePtr;
 
 /// Addresses as `"0x…"` strings in JSON (see the module docs).
 mod hex_addr {
@@ -55,16 +56,16 @@ mod hex_addr {
 }
 
 /// The format name every snapshot carries.
-pub const SNAPSHOT_FORMAT: &str = "devalloc-snapshot";
+pub const FORMAT: &str = "devalloc-snapshot";
 /// The version of the format this build writes.
-pub const SNAPSHOT_VERSION: u32 = 2;
+pub const VERSION: u32 = 2;
 
 /// Every device of one or more allocators; see the module docs for the JSON.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Snapshot {
-    /// Always [`SNAPSHOT_FORMAT`].
+    /// Always [`FORMAT`].
     pub format: String,
-    /// [`SNAPSHOT_VERSION`] when written by this build.
+    /// [`VERSION`] when written by this build.
     pub version: u32,
     /// When it was taken (microseconds, same clock as the events).
     pub taken_us: u64,
@@ -75,12 +76,7 @@ pub struct Snapshot {
 impl Snapshot {
     /// A snapshot of `devices`, stamped with the time now.
     pub fn new(devices: Vec<DeviceSnapshot>) -> Self {
-        Snapshot {
-            format: SNAPSHOT_FORMAT.into(),
-            version: SNAPSHOT_VERSION,
-            taken_us: crate::pool::now_us(),
-            devices,
-        }
+        Snapshot { format: FORMAT.into(), version: VERSION, taken_us: crate::pool::now_us(), devices }
     }
 
     /// The JSON text.
@@ -92,12 +88,12 @@ impl Snapshot {
     pub fn from_json(text: &str) -> Result<Self> {
         let s: Snapshot = serde_json::from_str(text)
             .map_err(|e| Error::invalid_argument(format!("not a devalloc snapshot: {e}")))?;
-        if s.format != SNAPSHOT_FORMAT {
+        if s.format != FORMAT {
             return Err(Error::invalid_argument(format!("not a devalloc snapshot: format {:?}", s.format)));
         }
-        if s.version != SNAPSHOT_VERSION {
+        if s.version != VERSION {
             return Err(Error::invalid_argument(format!(
-                "a devalloc snapshot of version {}: this build reads version {SNAPSHOT_VERSION}",
+                "a devalloc snapshot of version {}: this build reads version {VERSION}",
                 s.version
             )));
         }
@@ -123,7 +119,7 @@ pub struct DeviceSnapshot {
     /// The memory limit, if one is set.
     pub memory_limit: Option<u64>,
     /// The device's own numbers, where the backend can say them.
-    pub device_memory: Option<DeviceMemory>,
+    pub device_memory: Option<MemoryReport>,
     /// Live allocations, in address order.
     pub live: Vec<LiveAllocation>,
     /// Cached blocks by capacity.
@@ -136,7 +132,7 @@ pub struct DeviceSnapshot {
 
 /// What the device (not devalloc) says about its memory.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DeviceMemory {
+pub struct MemoryReport {
     /// The device's memory size (CUDA).
     pub total_bytes: Option<u64>,
     /// Free on the device now, every process counted (CUDA `cuMemGetInfo`).
@@ -148,7 +144,7 @@ pub struct DeviceMemory {
     pub backend_reserved_bytes: Option<u64>,
 }
 
-/// A live allocation.
+/// A live allocation (in a snapshot, and from `Pool::live_allocations`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LiveAllocation {
     /// Its address.
@@ -160,6 +156,13 @@ pub struct LiveAllocation {
     pub capacity: u64,
     /// Its label.
     pub label: Option<String>,
+}
+
+impl LiveAllocation {
+    /// Its address as a [`DevicePtr`].
+    pub fn ptr(&self) -> DevicePtr {
+        DevicePtr::new(self.addr)
+    }
 }
 
 /// Cached blocks of one capacity.

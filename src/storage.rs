@@ -90,7 +90,7 @@ pub trait Storage: WasmNotSendSync {
 
     /// What the device itself says about its memory, where the backend can say it (CUDA:
     /// `cuMemGetInfo`; wgpu: its allocator report). Default: `None`.
-    fn device_memory(&self) -> Option<crate::DeviceMemory> {
+    fn device_memory(&self) -> Option<crate::snapshot::MemoryReport> {
         None
     }
 

@@ -6,7 +6,8 @@
 #[macro_use]
 mod conformance;
 
-use devalloc::backend::{HostStorage, Pool, PoolConfig, PooledAllocator, Storage};
+use devalloc::backend::{HostStorage, Pool, PooledAllocator, Storage};
+use devalloc::PoolOptions;
 use devalloc::{
     Device, DeviceAllocator, DeviceAllocatorRegistry, DeviceIndex, DevicePtr, DeviceType, Error,
     HostAllocator, PointerProblem, Result, DEFAULT_ALIGNMENT,
@@ -74,14 +75,14 @@ impl Storage for Weightless {
     }
 }
 
-fn two_devices(config: PoolConfig) -> PooledAllocator<Indexed> {
+fn two_devices(config: PoolOptions) -> PooledAllocator<Indexed> {
     let pools =
         (0..2).map(|i| Pool::new(Indexed::new(DeviceType::Vulkan, i), config.clone()).unwrap()).collect();
     PooledAllocator::from_pools(DeviceType::Vulkan, pools).unwrap()
 }
 
 fn two_host_devices() -> conformance::Made {
-    conformance::ready(Ok::<_, String>(two_devices(PoolConfig { caching: true, ..PoolConfig::default() })))
+    conformance::ready(Ok::<_, String>(two_devices(PoolOptions { caching: true, ..PoolOptions::default() })))
 }
 
 /// The whole suite on an allocator with two devices: cross-device copies and foreign pointers.
@@ -97,10 +98,10 @@ fn refused_allocations_leave_the_stats_as_they_were() {
     assert!(matches!(a.allocate(1 << 62, 0, 256), Err(Error::TooLarge { .. })));
     assert!(a.allocate(8, 0, 1 << 62).is_err());
     assert_eq!(a.stats(0).unwrap(), before, "peak_reserved_bytes or a miss moved on a refusal");
-    let cached = HostAllocator::with_config(PoolConfig {
+    let cached = HostAllocator::with_options(PoolOptions {
         caching: true,
         memory_limit: Some(4096),
-        ..PoolConfig::default()
+        ..PoolOptions::default()
     })
     .unwrap();
     let p = cached.allocate(3000, 0, 256).unwrap();
@@ -125,10 +126,10 @@ fn an_impossible_alignment_is_invalid_not_out_of_memory() {
 
 #[test]
 fn a_request_that_fits_exactly_is_not_too_large_with_caching_on() {
-    let a = HostAllocator::with_config(PoolConfig {
+    let a = HostAllocator::with_options(PoolOptions {
         caching: true,
         memory_limit: Some(1_000_000),
-        ..PoolConfig::default()
+        ..PoolOptions::default()
     })
     .unwrap();
     let p = a.allocate(1_000_000, 0, 256).expect("exactly the limit fits");
@@ -137,7 +138,7 @@ fn a_request_that_fits_exactly_is_not_too_large_with_caching_on() {
     assert!(matches!(a.allocate(1_000_001, 0, 256), Err(Error::TooLarge { max: 1_000_000, .. })));
     let mut s = Indexed::new(DeviceType::Gl, 0);
     s.max = 1_000_000;
-    let pool = Pool::new(s, PoolConfig { caching: true, ..PoolConfig::default() }).unwrap();
+    let pool = Pool::new(s, PoolOptions { caching: true, ..PoolOptions::default() }).unwrap();
     let p = pool.allocate(1_000_000, 256).expect("exactly the device's largest block fits");
     pool.deallocate(p).unwrap();
 }
@@ -146,7 +147,7 @@ fn a_request_that_fits_exactly_is_not_too_large_with_caching_on() {
 fn bounced_copies_are_whole_or_nothing() {
     let registry = DeviceAllocatorRegistry::new();
     let host: &'static HostAllocator = Box::leak(Box::new(HostAllocator::new()));
-    let dev: &'static PooledAllocator<Indexed> = Box::leak(Box::new(two_devices(PoolConfig::default())));
+    let dev: &'static PooledAllocator<Indexed> = Box::leak(Box::new(two_devices(PoolOptions::default())));
     registry.register_allocator(host).unwrap();
     registry.register_allocator(dev).unwrap();
     // 8 "MiB" spans two 4 MiB bounce chunks; under Miri (minutes per MiB) one small chunk.
@@ -182,7 +183,7 @@ fn bounced_copies_are_whole_or_nothing() {
 #[test]
 fn stale_pointers_never_reach_a_newer_allocation_while_the_window_has_room() {
     // The case that broke the old 2^48 window: 256 rounds of 1 TiB (weightless blocks).
-    let pool = Pool::new(Weightless(Device::new(DeviceType::Cpu, 0)), PoolConfig::default()).unwrap();
+    let pool = Pool::new(Weightless(Device::new(DeviceType::Cpu, 0)), PoolOptions::default()).unwrap();
     let mut stale = Vec::new();
     for _ in 0..300 {
         let p = pool.allocate(1 << 40, 256).unwrap();
@@ -200,7 +201,7 @@ fn stale_pointers_never_reach_a_newer_allocation_while_the_window_has_room() {
 
 #[test]
 fn in_a_full_small_window_the_least_recently_freed_range_is_reused_first() {
-    let config = PoolConfig { address_window: 1 << 17, ..PoolConfig::default() };
+    let config = PoolOptions { address_window: 1 << 17, ..PoolOptions::default() };
     let pool = Pool::new(Weightless(Device::new(DeviceType::Cpu, 0)), config).unwrap();
     // Fill the window (64 KiB usable: 15 x 4 KiB spans), then free in a scrambled order.
     let mut ptrs = Vec::new();
@@ -224,26 +225,26 @@ fn in_a_full_small_window_the_least_recently_freed_range_is_reused_first() {
 
 #[test]
 fn a_device_index_past_255_is_refused() {
-    let e = Pool::new(Indexed::new(DeviceType::Vulkan, 256), PoolConfig::default()).err().unwrap();
+    let e = Pool::new(Indexed::new(DeviceType::Vulkan, 256), PoolOptions::default()).err().unwrap();
     assert!(e.to_string().contains("256"), "{e}");
-    assert!(Pool::new(Indexed::new(DeviceType::Vulkan, 255), PoolConfig::default()).is_ok());
+    assert!(Pool::new(Indexed::new(DeviceType::Vulkan, 255), PoolOptions::default()).is_ok());
 }
 
 #[test]
 fn pools_must_be_for_their_own_index() {
     let pools = vec![
-        Pool::new(HostStorage, PoolConfig::default()).unwrap(),
-        Pool::new(HostStorage, PoolConfig::default()).unwrap(),
+        Pool::new(HostStorage, PoolOptions::default()).unwrap(),
+        Pool::new(HostStorage, PoolOptions::default()).unwrap(),
     ];
     let e = PooledAllocator::from_pools(DeviceType::Cpu, pools).err().unwrap();
     assert!(e.to_string().contains("is for cpu:0, not cpu:1"), "{e}");
-    let wrong_type = vec![Pool::new(Indexed::new(DeviceType::Gl, 0), PoolConfig::default()).unwrap()];
+    let wrong_type = vec![Pool::new(Indexed::new(DeviceType::Gl, 0), PoolOptions::default()).unwrap()];
     assert!(PooledAllocator::from_pools(DeviceType::Vulkan, wrong_type).is_err());
 }
 
 #[test]
 fn a_foreign_source_pointer_is_named_as_another_devices() {
-    let a = two_devices(PoolConfig::default());
+    let a = two_devices(PoolOptions::default());
     let mine = a.allocate(64, 0, DEFAULT_ALIGNMENT).unwrap();
     let theirs = a.allocate(64, 1, DEFAULT_ALIGNMENT).unwrap();
     let e = a.copy_device_to_device(mine, 0, theirs, 0, 8).unwrap_err();
@@ -255,8 +256,9 @@ fn a_foreign_source_pointer_is_named_as_another_devices() {
 
 #[test]
 fn an_out_of_memory_error_names_the_largest_live_allocations() {
-    let a = HostAllocator::with_config(PoolConfig { memory_limit: Some(1 << 20), ..PoolConfig::default() })
-        .unwrap();
+    let a =
+        HostAllocator::with_options(PoolOptions { memory_limit: Some(1 << 20), ..PoolOptions::default() })
+            .unwrap();
     let big = a.allocate_labeled(700_000, 0, 256, "kv-cache").unwrap();
     let small = a.allocate_labeled(1000, 0, 256, "bias").unwrap();
     let e = a.allocate(500_000, 0, 256).unwrap_err();
@@ -270,9 +272,12 @@ fn an_out_of_memory_error_names_the_largest_live_allocations() {
 
 #[test]
 fn freed_blocks_are_never_reused_with_the_debug_setting() {
-    let a =
-        HostAllocator::with_config(PoolConfig { caching: true, reuse_freed: false, ..PoolConfig::default() })
-            .unwrap();
+    let a = HostAllocator::with_options(PoolOptions {
+        caching: true,
+        reuse_freed: false,
+        ..PoolOptions::default()
+    })
+    .unwrap();
     for _ in 0..5 {
         let p = a.allocate(5000, 0, 256).unwrap();
         a.deallocate(p, 0).unwrap();
@@ -284,8 +289,8 @@ fn freed_blocks_are_never_reused_with_the_debug_setting() {
 #[test]
 fn invalid_pool_settings_are_refused() {
     for window in [0, 3 << 20, 1 << 16, 1 << 54] {
-        let c = PoolConfig { address_window: window, ..PoolConfig::default() };
-        assert!(HostAllocator::with_config(c).is_err(), "window {window}");
+        let c = PoolOptions { address_window: window, ..PoolOptions::default() };
+        assert!(HostAllocator::with_options(c).is_err(), "window {window}");
     }
 }
 
@@ -320,13 +325,13 @@ impl Storage for Slow {
     }
 }
 
-fn slow(config: PoolConfig) -> PooledAllocator<Slow> {
+fn slow(config: PoolOptions) -> PooledAllocator<Slow> {
     PooledAllocator::from_pools(DeviceType::Gl, vec![Pool::new(Slow(HostStorage), config).unwrap()]).unwrap()
 }
 
 #[test]
 fn concurrent_inits_of_one_memory_id_allocate_once() {
-    let a = slow(PoolConfig { caching: true, ..PoolConfig::default() });
+    let a = slow(PoolOptions { caching: true, ..PoolOptions::default() });
     let barrier = std::sync::Barrier::new(6);
     let results: Vec<Result<DevicePtr>> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..6)
@@ -359,10 +364,10 @@ fn a_refused_plan_allocates_nothing() {
 
 #[test]
 fn an_alignment_that_leaves_no_room_in_a_small_window_is_invalid_not_out_of_memory() {
-    let a = HostAllocator::with_config(PoolConfig {
+    let a = HostAllocator::with_options(PoolOptions {
         caching: true,
         address_window: 1 << 17,
-        ..PoolConfig::default()
+        ..PoolOptions::default()
     })
     .unwrap();
     let p = a.allocate(4096, 0, 256).unwrap();
@@ -382,8 +387,8 @@ fn an_alignment_that_leaves_no_room_in_a_small_window_is_invalid_not_out_of_memo
 
 #[test]
 fn stale_pointers_of_recent_frees_stay_freed_in_a_small_window() {
-    let a =
-        HostAllocator::with_config(PoolConfig { address_window: 1 << 17, ..PoolConfig::default() }).unwrap();
+    let a = HostAllocator::with_options(PoolOptions { address_window: 1 << 17, ..PoolOptions::default() })
+        .unwrap();
     let mut recent: Vec<DevicePtr> = Vec::new();
     let cycles = if cfg!(miri) { 100 } else { 3000 };
     for _ in 0..cycles {
@@ -416,8 +421,8 @@ fn two_allocators_of_one_device_never_hold_one_address_however_far_they_go() {
     // one allocator takes 2 TiB of addresses a round, the other 1 TiB. The storage holds no
     // memory (addresses only).
     let (a, b) = (
-        Pool::new(Weightless(Device::new(DeviceType::Cpu, 0)), PoolConfig::default()).unwrap(),
-        Pool::new(Weightless(Device::new(DeviceType::Cpu, 0)), PoolConfig::default()).unwrap(),
+        Pool::new(Weightless(Device::new(DeviceType::Cpu, 0)), PoolOptions::default()).unwrap(),
+        Pool::new(Weightless(Device::new(DeviceType::Cpu, 0)), PoolOptions::default()).unwrap(),
     );
     let rounds = if cfg!(miri) { 40 } else { 20_000 };
     for _ in 0..rounds {
@@ -432,7 +437,7 @@ fn two_allocators_of_one_device_never_hold_one_address_however_far_they_go() {
 
 #[test]
 fn a_limit_between_granules_allows_the_granules_below_it_and_says_so() {
-    let a = slow(PoolConfig { memory_limit: Some(1001), ..PoolConfig::default() });
+    let a = slow(PoolOptions { memory_limit: Some(1001), ..PoolOptions::default() });
     let e = a.allocate(1001, 0, 256).unwrap_err();
     assert!(matches!(e, Error::TooLarge { requested: 1001, max: 1000, .. }), "{e}");
     let p = a.allocate(1000, 0, 256).expect("1000 bytes are 250 granules, within the limit");

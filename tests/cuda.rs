@@ -9,10 +9,11 @@
 #[macro_use]
 mod conformance;
 
-use devalloc::cudarc_api::driver::{result, CudaContext};
+use devalloc::cuda::api::driver::{result, CudaContext};
+use devalloc::cuda::{CudaAllocator, CudaOptions};
 use devalloc::{
-    CudaAllocator, DeviceAllocator, DeviceAllocatorRegistry, DeviceIndex, DeviceType, Error, Outcome,
-    PoolConfig, DEFAULT_ALIGNMENT,
+    DeviceAllocator, DeviceAllocatorRegistry, DeviceIndex, DeviceType, Error, PoolOptions,
+    RegistrationOutcome, DEFAULT_ALIGNMENT,
 };
 
 fn cuda() -> conformance::Made {
@@ -20,7 +21,10 @@ fn cuda() -> conformance::Made {
 }
 
 fn cuda_uncached() -> conformance::Made {
-    conformance::ready(CudaAllocator::with_config(PoolConfig::default()))
+    conformance::ready(CudaAllocator::with_options(CudaOptions {
+        pool: PoolOptions::default(),
+        ..CudaOptions::default()
+    }))
 }
 
 fn require_all() -> bool {
@@ -72,7 +76,10 @@ fn without_a_driver_construction_fails_and_the_registry_still_works() {
         Err(e) => {
             assert!(!require_all(), "DEVALLOC_REQUIRE_ALL=1 but: {e}");
             assert!(matches!(e, Error::NotFound { .. }), "{e}");
-            assert!(matches!(&cuda.outcome, Outcome::Unavailable(Error::NotFound { .. })), "{cuda_line}");
+            assert!(
+                matches!(&cuda.outcome, RegistrationOutcome::Unavailable(Error::NotFound { .. })),
+                "{cuda_line}"
+            );
             assert!(cuda_line.contains("not available") && cuda_line.contains("CUDA"), "{cuda_line}");
             assert!(registry.get_allocator(DeviceType::Cuda).is_none());
             eprintln!("SKIPPED CUDA conformance here: {e}");

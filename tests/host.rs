@@ -5,27 +5,27 @@
 #[macro_use]
 mod conformance;
 
-use devalloc::{DeviceAllocator, HostAllocator, PoolConfig, DEFAULT_ALIGNMENT};
+use devalloc::{DeviceAllocator, HostAllocator, PoolOptions, DEFAULT_ALIGNMENT};
 
-fn host(config: PoolConfig) -> conformance::Made {
-    conformance::ready(HostAllocator::with_config(config))
+fn host(config: PoolOptions) -> conformance::Made {
+    conformance::ready(HostAllocator::with_options(config))
 }
 
 fn plain() -> conformance::Made {
-    host(PoolConfig::default())
+    host(PoolOptions::default())
 }
 
 fn cached() -> conformance::Made {
-    host(PoolConfig { caching: true, memory_limit: Some(1 << 30), ..PoolConfig::default() })
+    host(PoolOptions { caching: true, memory_limit: Some(1 << 30), ..PoolOptions::default() })
 }
 
 /// 64 KiB of memory and a 128 KiB address window: limits and address reuse are hit often.
 fn cramped() -> conformance::Made {
-    host(PoolConfig {
+    host(PoolOptions {
         caching: true,
         memory_limit: Some(64 << 10),
         address_window: 1 << 17,
-        ..PoolConfig::default()
+        ..PoolOptions::default()
     })
 }
 

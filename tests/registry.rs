@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use devalloc::{
     DeviceAllocator, DeviceAllocatorRegistry, DeviceIndex, DeviceMemoryBuffer, DevicePtr, DeviceType, Error,
-    HostAllocator, PlannedMemory, PointerProblem, PoolConfig, DEFAULT_ALIGNMENT,
+    HostAllocator, PlannedMemory, PointerProblem, PoolOptions, DEFAULT_ALIGNMENT,
 };
 
 /// An outside allocator that writes only the five required methods: host memory that claims
@@ -49,7 +49,7 @@ fn relabel(ty: DeviceType) -> &'static Relabel {
 #[test]
 fn unregistered_types_are_not_found() {
     let r = DeviceAllocatorRegistry::new();
-    for t in DeviceType::ALL {
+    for &t in DeviceType::ALL {
         assert!(r.get_allocator(t).is_none());
     }
     let e = DeviceMemoryBuffer::create_in(&r, 16, DeviceType::Vulkan, 0, DEFAULT_ALIGNMENT).unwrap_err();
@@ -222,10 +222,10 @@ fn host_reports_freed_pointers_as_freed() {
 
 #[test]
 fn cache_limit_and_report() {
-    let a = HostAllocator::with_config(PoolConfig {
+    let a = HostAllocator::with_options(PoolOptions {
         caching: true,
         memory_limit: Some(1 << 20),
-        ..PoolConfig::default()
+        ..PoolOptions::default()
     })
     .unwrap();
     let p = a.allocate(1000, 0, DEFAULT_ALIGNMENT).unwrap();
@@ -273,7 +273,7 @@ fn planned_memory_owns_its_pools() {
     assert_eq!(a.stats(0).unwrap().live_allocations, 0, "the plan's pools were not freed on drop");
     // A failing plan frees what it had made.
     let limited =
-        HostAllocator::with_config(PoolConfig { memory_limit: Some(10_000), ..PoolConfig::default() })
+        HostAllocator::with_options(PoolOptions { memory_limit: Some(10_000), ..PoolOptions::default() })
             .unwrap();
     assert!(PlannedMemory::new(&limited, 0, &[4096, 4096, 4096]).is_err());
     assert_eq!(limited.stats(0).unwrap().live_allocations, 0);

@@ -9,17 +9,15 @@
 #[macro_use]
 mod conformance;
 
-use devalloc::{
-    DeviceAllocator, DevicePtr, Error, HostAllocator, PoolConfig, WgpuAllocator, WgpuOptions,
-    DEFAULT_ALIGNMENT,
-};
+use devalloc::wgpu::{WgpuAllocator, WgpuOptions};
+use devalloc::{DeviceAllocator, DevicePtr, Error, HostAllocator, PoolOptions, DEFAULT_ALIGNMENT};
 use wasm_bindgen_test::wasm_bindgen_test;
 
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
 fn webgpu() -> conformance::Made {
     Box::pin(async {
-        WgpuAllocator::new_async(
+        WgpuAllocator::with_options_async(
             wgpu::Backend::BrowserWebGpu,
             WgpuOptions { staging_chunk: Some(64 << 10), ..Default::default() },
         )
@@ -36,11 +34,14 @@ fn host() -> conformance::Made {
 /// Under a 64 KiB memory limit, for the hostile model check.
 fn webgpu_tiny() -> conformance::Made {
     Box::pin(async {
-        let pool = PoolConfig { caching: true, memory_limit: Some(64 << 10), ..PoolConfig::default() };
-        WgpuAllocator::new_async(wgpu::Backend::BrowserWebGpu, WgpuOptions { pool, ..Default::default() })
-            .await
-            .map(|a| Box::new(a) as Box<dyn DeviceAllocator>)
-            .map_err(|e| e.to_string())
+        let pool = PoolOptions { caching: true, memory_limit: Some(64 << 10), ..PoolOptions::default() };
+        WgpuAllocator::with_options_async(
+            wgpu::Backend::BrowserWebGpu,
+            WgpuOptions { pool, ..Default::default() },
+        )
+        .await
+        .map(|a| Box::new(a) as Box<dyn DeviceAllocator>)
+        .map_err(|e| e.to_string())
     })
 }
 
@@ -67,7 +68,7 @@ mod host {
 }
 
 async fn open() -> &'static WgpuAllocator {
-    let a = WgpuAllocator::new_async(wgpu::Backend::BrowserWebGpu, WgpuOptions::default())
+    let a = WgpuAllocator::with_options_async(wgpu::Backend::BrowserWebGpu, WgpuOptions::default())
         .await
         .unwrap_or_else(|e| panic!("no WebGPU adapter in this browser: {e}"));
     Box::leak(Box::new(a))
@@ -116,10 +117,10 @@ async fn allocation_after_a_failed_one() {
     let max = a.device(0).unwrap().limits().max_buffer_size;
     let e = a.allocate(max as usize + 8, 0, DEFAULT_ALIGNMENT).unwrap_err();
     assert!(matches!(e, Error::TooLarge { .. }), "{e}");
-    a.set_memory_limit(0, Some(1 << 20)).unwrap();
+    a.set_memory_limit(Some(1 << 20), 0).unwrap();
     let e = a.allocate(2 << 20, 0, DEFAULT_ALIGNMENT).unwrap_err();
     assert!(matches!(e, Error::TooLarge { .. }), "{e}");
-    a.set_memory_limit(0, None).unwrap();
+    a.set_memory_limit(None, 0).unwrap();
     let p = a.allocate(4096, 0, DEFAULT_ALIGNMENT).unwrap();
     a.copy_host_to_device_async(p, &[5u8; 4096], 0).await.unwrap();
     let mut back = vec![0u8; 4096];

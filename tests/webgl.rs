@@ -13,7 +13,8 @@ mod conformance;
 
 use std::cell::RefCell;
 
-use devalloc::{DeviceAllocator, PoolConfig, WgpuAllocator, WgpuOptions, DEFAULT_ALIGNMENT};
+use devalloc::wgpu::{WgpuAllocator, WgpuOptions};
+use devalloc::{DeviceAllocator, PoolOptions, DEFAULT_ALIGNMENT};
 use futures_util::future::{FutureExt, LocalBoxFuture, Shared};
 use wasm_bindgen_test::wasm_bindgen_test;
 
@@ -33,7 +34,7 @@ async fn device() -> Gpu {
     let opening = DEVICE.with_borrow_mut(|d| {
         d.get_or_insert_with(|| {
             async {
-                let a = WgpuAllocator::new_async(wgpu::Backend::Gl, WgpuOptions::default())
+                let a = WgpuAllocator::with_options_async(wgpu::Backend::Gl, WgpuOptions::default())
                     .await
                     .unwrap_or_else(|e| panic!("no WebGL2 adapter in this browser: {e}"));
                 let gpu = (a.device(0).unwrap().clone(), a.queue(0).unwrap().clone());
@@ -52,7 +53,7 @@ async fn device() -> Gpu {
 /// A fresh allocator on the suite's device.
 async fn adopt(options: WgpuOptions) -> Result<WgpuAllocator, String> {
     let (device, queue) = device().await;
-    WgpuAllocator::from_device_with(device, queue, options).map_err(|e| e.to_string())
+    WgpuAllocator::from_device_with_options(device, queue, options).map_err(|e| e.to_string())
 }
 
 fn webgl() -> conformance::Made {
@@ -62,7 +63,7 @@ fn webgl() -> conformance::Made {
 /// Under a 64 KiB memory limit, for the hostile model check.
 fn webgl_tiny() -> conformance::Made {
     Box::pin(async {
-        let pool = PoolConfig { caching: true, memory_limit: Some(64 << 10), ..PoolConfig::default() };
+        let pool = PoolOptions { caching: true, memory_limit: Some(64 << 10), ..PoolOptions::default() };
         adopt(WgpuOptions { pool, ..Default::default() })
             .await
             .map(|a| Box::new(a) as Box<dyn DeviceAllocator>)

@@ -5,13 +5,14 @@
 #[macro_use]
 mod conformance;
 
+use devalloc::wgpu::{BindingKind, Route, WgpuAllocator, WgpuOptions};
 use devalloc::{
-    BindingKind, Device, DeviceAllocator, DeviceAllocatorRegistry, DevicePtr, DeviceType, Error,
-    HostAllocator, PoolConfig, Route, WgpuAllocator, WgpuOptions, DEFAULT_ALIGNMENT,
+    Device, DeviceAllocator, DeviceAllocatorRegistry, DevicePtr, DeviceType, Error, HostAllocator,
+    PoolOptions, DEFAULT_ALIGNMENT,
 };
 
 fn open(backend: wgpu::Backend, options: WgpuOptions) -> conformance::Made {
-    conformance::ready(WgpuAllocator::new_with(backend, options))
+    conformance::ready(WgpuAllocator::with_options(backend, options))
 }
 
 /// Small staging chunks so that multi-chunk, pipelined copies happen at test sizes.
@@ -28,7 +29,7 @@ fn vulkan_auto() -> conformance::Made {
 }
 
 fn vulkan_uncached() -> conformance::Made {
-    let pool = PoolConfig { caching: false, ..PoolConfig::default() };
+    let pool = PoolOptions { caching: false, ..PoolOptions::default() };
     open(wgpu::Backend::Vulkan, WgpuOptions { pool, ..small_chunks(Some(Route::Staged)) })
 }
 
@@ -40,7 +41,7 @@ fn gl() -> conformance::Made {
 /// buffer), under a 64 KiB memory limit: for the model check.
 fn vulkan_tiny() -> conformance::Made {
     let limits = wgpu::Limits { max_buffer_size: 4096, ..wgpu::Limits::downlevel_defaults() };
-    let pool = PoolConfig { caching: true, memory_limit: Some(64 << 10), ..PoolConfig::default() };
+    let pool = PoolOptions { caching: true, memory_limit: Some(64 << 10), ..PoolOptions::default() };
     open(
         wgpu::Backend::Vulkan,
         WgpuOptions { required_limits: Some(limits), pool, ..small_chunks(Some(Route::Staged)) },
@@ -48,7 +49,7 @@ fn vulkan_tiny() -> conformance::Made {
 }
 
 fn gl_tiny() -> conformance::Made {
-    let pool = PoolConfig { caching: true, memory_limit: Some(64 << 10), ..PoolConfig::default() };
+    let pool = PoolOptions { caching: true, memory_limit: Some(64 << 10), ..PoolOptions::default() };
     open(wgpu::Backend::Gl, WgpuOptions { pool, ..small_chunks(None) })
 }
 
@@ -103,7 +104,7 @@ fn vulkan(options: WgpuOptions) -> Option<WgpuAllocator> {
 
 fn backend(backend: wgpu::Backend, options: WgpuOptions) -> Option<WgpuAllocator> {
     conformance::logging::init_for_tests();
-    match WgpuAllocator::new_with(backend, options) {
+    match WgpuAllocator::with_options(backend, options) {
         Ok(a) => Some(a),
         Err(e) if conformance::in_ci() => panic!("no {backend:?} adapter under CI: {e}"),
         Err(e) => {
@@ -195,7 +196,7 @@ fn direct_route() {
 
 #[test]
 fn memory_limit_and_oversize_are_errors_and_the_allocator_survives() {
-    let pool = PoolConfig { caching: true, memory_limit: Some(8 << 20), ..PoolConfig::default() };
+    let pool = PoolOptions { caching: true, memory_limit: Some(8 << 20), ..PoolOptions::default() };
     let Some(a) = vulkan(WgpuOptions { pool, ..WgpuOptions::default() }) else {
         return;
     };
@@ -206,7 +207,7 @@ fn memory_limit_and_oversize_are_errors_and_the_allocator_survives() {
     assert!(matches!(e, Error::OutOfMemory { .. }), "{e}");
     let e = a.allocate(16 << 20, 0, DEFAULT_ALIGNMENT).unwrap_err();
     assert!(matches!(e, Error::TooLarge { .. }), "{e}");
-    a.set_memory_limit(0, None).unwrap();
+    a.set_memory_limit(None, 0).unwrap();
     let e = a.allocate(max as usize + 1, 0, DEFAULT_ALIGNMENT).unwrap_err();
     assert!(matches!(e, Error::TooLarge { max: m, .. } if m <= max), "{e}");
     let ok = a.allocate(6 << 20, 0, DEFAULT_ALIGNMENT).unwrap();
@@ -288,12 +289,12 @@ fn mapping_an_out_of_range_or_unaligned_range_is_an_error_not_a_panic() {
     });
     for (start, end) in [(0, 68), (64, 72), (0, u64::MAX), (4, 12), (0, 6), (8, 8), (16, 8)] {
         let range = start..end;
-        let r = pollster::block_on(a.map_buffer_async(0, &b, wgpu::MapMode::Read, range.clone()));
+        let r = pollster::block_on(a.map_buffer_async(&b, wgpu::MapMode::Read, range.clone(), 0));
         assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{range:?}: {r:?}");
     }
-    let r = pollster::block_on(a.map_buffer_async(0, &b, wgpu::MapMode::Write, 0..8));
+    let r = pollster::block_on(a.map_buffer_async(&b, wgpu::MapMode::Write, 0..8, 0));
     assert!(r.unwrap_err().to_string().contains("MAP_WRITE"));
-    pollster::block_on(a.map_buffer_async(0, &b, wgpu::MapMode::Read, 8..64)).unwrap();
+    pollster::block_on(a.map_buffer_async(&b, wgpu::MapMode::Read, 8..64, 0)).unwrap();
     b.unmap();
 }
 

@@ -12,10 +12,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
-use devalloc::{
-    BindingKind, BufferRequest, DeviceAllocator, DeviceMemoryBuffer, Error, PlanLayout, PoolConfig, Route,
-    WgpuAllocator, WgpuOptions, DEFAULT_ALIGNMENT,
-};
+use devalloc::wgpu::{BindingKind, BufferRequest, Route, WgpuAllocator, WgpuOptions};
+use devalloc::{DeviceAllocator, DeviceMemoryBuffer, Error, PlanLayout, PoolOptions, DEFAULT_ALIGNMENT};
 
 const BACKENDS: [wgpu::Backend; 2] = [wgpu::Backend::Vulkan, wgpu::Backend::Gl];
 
@@ -61,7 +59,7 @@ impl Watched {
     }
 
     /// The app's `on_device_lost` handler, counting.
-    fn on_lost(&self) -> devalloc::DeviceLostHandler {
+    fn on_lost(&self) -> devalloc::wgpu::DeviceLostHandler {
         let fired = Arc::clone(&self.fired);
         Arc::new(move |_, _: &str| {
             fired.fetch_add(1, Ordering::SeqCst);
@@ -87,7 +85,7 @@ fn adopt_watched(
     let watch = Watched::on(&device);
     let options =
         WgpuOptions { route: Some(route), on_device_lost: Some(watch.on_lost()), ..WgpuOptions::default() };
-    match WgpuAllocator::from_device_with(device.clone(), queue.clone(), options) {
+    match WgpuAllocator::from_device_with_options(device.clone(), queue.clone(), options) {
         Ok(a) => Some((device, queue, a, watch)),
         Err(e) => {
             assert_eq!(route, Route::Direct, "{backend:?}: the staged route is always there: {e}");
@@ -133,15 +131,15 @@ fn every_call_after_destroy_is_device_lost_for_every_allocator_and_the_app_hears
         let (fired, fired_count) = counter();
         let reasons = Arc::new(Mutex::new(Vec::new()));
         let r2 = Arc::clone(&reasons);
-        let on_lost: devalloc::DeviceLostHandler = Arc::new(move |reason, msg: &str| {
+        let on_lost: devalloc::wgpu::DeviceLostHandler = Arc::new(move |reason, msg: &str| {
             fired.fetch_add(1, Ordering::SeqCst);
             r2.lock().unwrap().push(format!("{reason:?}: {msg}"));
         });
         let options = WgpuOptions { on_device_lost: Some(on_lost), ..WgpuOptions::default() };
-        let first = WgpuAllocator::from_device_with(device.clone(), queue.clone(), options).unwrap();
+        let first = WgpuAllocator::from_device_with_options(device.clone(), queue.clone(), options).unwrap();
         let second = WgpuAllocator::from_device(device.clone(), queue.clone()).unwrap();
         let again = WgpuOptions { on_device_lost: Some(Arc::new(|_, _: &str| {})), ..WgpuOptions::default() };
-        let e = WgpuAllocator::from_device_with(device.clone(), queue.clone(), again).err().unwrap();
+        let e = WgpuAllocator::from_device_with_options(device.clone(), queue.clone(), again).err().unwrap();
         assert!(e.to_string().contains("give it once"), "{e}");
         let p1 = first.allocate(256, 0, DEFAULT_ALIGNMENT).unwrap();
         let p2 = second.allocate(256, 0, DEFAULT_ALIGNMENT).unwrap();
@@ -153,7 +151,7 @@ fn every_call_after_destroy_is_device_lost_for_every_allocator_and_the_app_hears
             };
             lost("allocate", a.allocate(64, 0, DEFAULT_ALIGNMENT).map(drop));
             lost("allocate_zeroed", a.allocate_zeroed(64, 0, DEFAULT_ALIGNMENT).map(drop));
-            lost("allocate_with", a.allocate_with(0, &BufferRequest::new(64).label("x")).map(drop));
+            lost("allocate_with", a.allocate_request(&BufferRequest::new(64).label("x"), 0).map(drop));
             lost("init_buffer", a.init_buffer(9, 64, 0).map(drop));
             lost("aligned write", a.copy_host_to_device(p, &[1u8; 64], 0));
             lost("ragged write", a.copy_host_to_device(p.offset(1).unwrap(), &[1u8; 3], 0));
@@ -286,7 +284,9 @@ fn a_buffer_the_app_destroyed_is_not_handed_out_again() {
                 sink.lock().unwrap().push(e.to_string())
             }));
             let options = WgpuOptions { route: Some(route), ..WgpuOptions::default() };
-            let Ok(a) = WgpuAllocator::from_device_with(device.clone(), queue, options) else { continue };
+            let Ok(a) = WgpuAllocator::from_device_with_options(device.clone(), queue, options) else {
+                continue;
+            };
             let p = a.allocate(4096, 0, DEFAULT_ALIGNMENT).unwrap();
             a.buffer(p, 0).unwrap().buffer.destroy();
             let what = format!("{backend:?} {route:?}");
@@ -312,10 +312,10 @@ fn a_buffer_the_app_destroyed_is_not_handed_out_again() {
 fn a_refused_adoption_leaves_the_devices_lost_callback_to_the_app() {
     for backend in BACKENDS {
         let Some((device, queue)) = app_device(backend) else { continue };
-        let handler: devalloc::DeviceLostHandler = Arc::new(|_, _: &str| {});
+        let handler: devalloc::wgpu::DeviceLostHandler = Arc::new(|_, _: &str| {});
         for bad in [
             WgpuOptions {
-                pool: PoolConfig { address_window: 12345, ..PoolConfig::default() },
+                pool: PoolOptions { address_window: 12345, ..PoolOptions::default() },
                 on_device_lost: Some(Arc::clone(&handler)),
                 ..WgpuOptions::default()
             },
@@ -325,12 +325,14 @@ fn a_refused_adoption_leaves_the_devices_lost_callback_to_the_app() {
                 ..WgpuOptions::default()
             },
         ] {
-            let e = WgpuAllocator::from_device_with(device.clone(), queue.clone(), bad).err().unwrap();
+            let e =
+                WgpuAllocator::from_device_with_options(device.clone(), queue.clone(), bad).err().unwrap();
             assert!(matches!(e, Error::InvalidArgument { .. }), "{backend:?}: {e}");
         }
         // Had a refused adoption taken the callback, this one would be told "give it once".
         let good = WgpuOptions { on_device_lost: Some(handler), ..WgpuOptions::default() };
-        WgpuAllocator::from_device_with(device, queue, good).expect("the callback was still the app's");
+        WgpuAllocator::from_device_with_options(device, queue, good)
+            .expect("the callback was still the app's");
     }
 }
 
@@ -383,9 +385,9 @@ fn a_uniform_allocation_binds_as_a_uniform_in_a_real_kernel() {
         let Some((device, queue)) = app_device(backend) else { continue };
         let a = WgpuAllocator::from_device(device.clone(), queue.clone()).unwrap();
         let params = a
-            .allocate_with(0, &BufferRequest::new(16).usage(wgpu::BufferUsages::UNIFORM).label("params"))
+            .allocate_request(&BufferRequest::new(16).usage(wgpu::BufferUsages::UNIFORM).label("params"), 0)
             .unwrap();
-        let out = a.allocate_with(0, &BufferRequest::new(256 * 4).label("out")).unwrap();
+        let out = a.allocate_request(&BufferRequest::new(256 * 4).label("out"), 0).unwrap();
         a.copy_host_to_device(params, bytemuck::cast_slice(&[2.0f32, 0.5, 0.0, 0.0]), 0).unwrap();
         let e = a.buffer(out, 0).unwrap().binding(BindingKind::Uniform).unwrap_err();
         assert!(e.to_string().contains("UNIFORM"), "a storage-only buffer binds as uniform: {e}");
@@ -437,7 +439,7 @@ fn the_label_reaches_wgpus_own_messages_and_the_cache_keeps_labels_apart() {
     for backend in BACKENDS {
         let Some((device, queue)) = app_device(backend) else { continue };
         let a = WgpuAllocator::from_device(device.clone(), queue).unwrap();
-        let p = a.allocate_with(0, &BufferRequest::new(1024).label("layer1.weights")).unwrap();
+        let p = a.allocate_request(&BufferRequest::new(1024).label("layer1.weights"), 0).unwrap();
         let r = a.buffer(p, 0).unwrap();
         // The app binds it wrongly by hand (a storage-only buffer as a uniform), inside its own
         // error scope: wgpu's message names the buffer by devalloc's label.
@@ -473,12 +475,12 @@ fn the_label_reaches_wgpus_own_messages_and_the_cache_keeps_labels_apart() {
         let first = r.buffer.clone();
         drop(r);
         a.deallocate(p, 0).unwrap();
-        let q = a.allocate_with(0, &BufferRequest::new(1024).label("layer2.weights")).unwrap();
+        let q = a.allocate_request(&BufferRequest::new(1024).label("layer2.weights"), 0).unwrap();
         assert_ne!(a.buffer(q, 0).unwrap().buffer, first, "a cached buffer carried another label");
         a.deallocate(q, 0).unwrap();
-        let again = a.allocate_with(0, &BufferRequest::new(1024).label("layer1.weights")).unwrap();
+        let again = a.allocate_request(&BufferRequest::new(1024).label("layer1.weights"), 0).unwrap();
         assert_eq!(a.buffer(again, 0).unwrap().buffer, first, "the same label reuses its buffer");
-        assert!(a.allocate_with(0, &BufferRequest::new(8).usage(wgpu::BufferUsages::MAP_READ)).is_err());
+        assert!(a.allocate_request(&BufferRequest::new(8).usage(wgpu::BufferUsages::MAP_READ), 0).is_err());
     }
 }
 
@@ -492,7 +494,7 @@ fn an_async_download_returns_pending_and_its_data_arrive() {
     for backend in BACKENDS {
         for route in [Some(Route::Staged), None] {
             let Some((device, queue)) = app_device(backend) else { continue };
-            let a = WgpuAllocator::from_device_with(
+            let a = WgpuAllocator::from_device_with_options(
                 device,
                 queue,
                 WgpuOptions { route, ..WgpuOptions::default() },
@@ -526,7 +528,7 @@ fn an_async_copy_does_at_most_one_chunk_of_work_per_poll() {
             let Some((device, queue)) = app_device_mappable(backend) else { continue };
             let options =
                 WgpuOptions { route: Some(route), staging_chunk: Some(1 << 20), ..WgpuOptions::default() };
-            let Ok(a) = WgpuAllocator::from_device_with(device, queue, options) else { continue };
+            let Ok(a) = WgpuAllocator::from_device_with_options(device, queue, options) else { continue };
             let what = format!("{backend:?} {route:?}");
             let n = 16 << 20;
             let data = conformance::pattern(n, 21);
@@ -555,10 +557,13 @@ fn an_async_copy_does_at_most_one_chunk_of_work_per_poll() {
 fn with_the_debug_setting_a_freed_buffer_is_never_handed_out_again() {
     for backend in BACKENDS {
         let Some((device, queue)) = app_device(backend) else { continue };
-        let pool = PoolConfig { caching: true, reuse_freed: false, ..PoolConfig::default() };
-        let a =
-            WgpuAllocator::from_device_with(device, queue, WgpuOptions { pool, ..WgpuOptions::default() })
-                .unwrap();
+        let pool = PoolOptions { caching: true, reuse_freed: false, ..PoolOptions::default() };
+        let a = WgpuAllocator::from_device_with_options(
+            device,
+            queue,
+            WgpuOptions { pool, ..WgpuOptions::default() },
+        )
+        .unwrap();
         let mut seen: Vec<wgpu::Buffer> = Vec::new();
         for _ in 0..20 {
             let p = a.allocate(4096, 0, DEFAULT_ALIGNMENT).unwrap();
@@ -577,7 +582,7 @@ fn the_small_frictions_are_smooth() {
         let Some((device, queue)) = app_device(backend) else { continue };
         // An allocator on the stack, no Box::leak: RAII buffers borrow it.
         let a = WgpuAllocator::from_device(device.clone(), queue.clone()).unwrap();
-        let mut buf = DeviceMemoryBuffer::create_with(&a, 1000, 0, DEFAULT_ALIGNMENT).unwrap();
+        let mut buf = DeviceMemoryBuffer::create_on(&a, 1000, 0, DEFAULT_ALIGNMENT).unwrap();
         buf.write_pod(&[7u32; 250]).unwrap();
         // The whole allocation without restating its length.
         assert_eq!(a.buffer(buf.ptr(), 0).unwrap().len(), 1000);
@@ -590,7 +595,7 @@ fn the_small_frictions_are_smooth() {
             mapped_at_creation: false,
         });
         a.copy_to_buffer(buf.ptr(), &app_buf, 24, 1000, 0).unwrap();
-        let other = DeviceMemoryBuffer::create_with(&a, 1000, 0, DEFAULT_ALIGNMENT).unwrap();
+        let other = DeviceMemoryBuffer::create_on(&a, 1000, 0, DEFAULT_ALIGNMENT).unwrap();
         a.copy_from_buffer(other.ptr(), &app_buf, 24, 1000, 0).unwrap();
         assert_eq!(other.to_vec::<u32>().unwrap(), vec![7u32; 250]);
         assert!(a.copy_to_buffer(buf.ptr(), &app_buf, 25, 8, 0).unwrap_err().to_string().contains("4-byte"));
@@ -638,7 +643,7 @@ fn a_dropped_async_copy_leaves_the_buffer_usable_on_every_route() {
     for backend in BACKENDS {
         for route in [None, Some(Route::Staged)] {
             let Some((device, queue)) = app_device_mappable(backend) else { continue };
-            let a = WgpuAllocator::from_device_with(
+            let a = WgpuAllocator::from_device_with_options(
                 device,
                 queue,
                 WgpuOptions { route, ..WgpuOptions::default() },
@@ -727,10 +732,10 @@ fn mapping_a_destroyed_or_foreign_buffer_is_an_error_not_a_panic_or_a_hang() {
         };
         let x = device.create_buffer(&desc);
         x.destroy();
-        let r = pollster::block_on(a.map_buffer_async(0, &x, wgpu::MapMode::Read, 0..8));
+        let r = pollster::block_on(a.map_buffer_async(&x, wgpu::MapMode::Read, 0..8, 0));
         assert!(r.is_err(), "{backend:?}: mapping a destroyed buffer: {r:?}");
         let foreign = other.create_buffer(&desc);
-        let r = pollster::block_on(a.map_buffer_async(0, &foreign, wgpu::MapMode::Read, 0..8));
+        let r = pollster::block_on(a.map_buffer_async(&foreign, wgpu::MapMode::Read, 0..8, 0));
         let e = r.unwrap_err();
         assert!(e.to_string().contains("another device"), "{backend:?}: {e}");
         // Giving up cancelled devalloc's map: the buffer's own device maps it as usual.
@@ -820,7 +825,9 @@ fn a_panic_inside_a_poll_is_a_loss_only_once_the_device_is_invalid() {
                 on_device_lost: Some(watch.on_lost()),
                 ..WgpuOptions::default()
             };
-            let Ok(a) = WgpuAllocator::from_device_with(device.clone(), queue, options) else { continue };
+            let Ok(a) = WgpuAllocator::from_device_with_options(device.clone(), queue, options) else {
+                continue;
+            };
             let what = format!("{backend:?} {route:?}");
             let p = a.allocate(4096, 0, DEFAULT_ALIGNMENT).unwrap();
             a.copy_host_to_device(p, &[9u8; 4096], 0).unwrap();

@@ -12,8 +12,9 @@
 #![allow(unsafe_code)] // cudarc's raw API: the peers a CUDA user would write by hand
 use std::hint::black_box;
 
-use devalloc::cudarc_api::driver::{result, sys, CudaContext, CudaStream};
-use devalloc::{CopyTuning, CudaAllocator, CudaOptions, DeviceAllocator, DeviceIndex, DEFAULT_ALIGNMENT};
+use devalloc::cuda::api::driver::{result, sys, CudaContext, CudaStream};
+use devalloc::cuda::{CopyTuning, CudaAllocator, CudaOptions};
+use devalloc::{DeviceAllocator, DeviceIndex, DEFAULT_ALIGNMENT};
 
 use crate::common::{header, human, interleave, reps, row, Method, KIB, MIB};
 
@@ -29,7 +30,7 @@ pub fn run(quick: bool, sweep: bool) {
             return;
         }
     };
-    println!("\nlibcuda: {}", devalloc::cuda_library().unwrap_or_else(|| "(path unknown)".into()));
+    println!("\nlibcuda: {}", devalloc::cuda::loaded_library().unwrap_or_else(|| "(path unknown)".into()));
     for index in 0..alloc.device_count() as DeviceIndex {
         device(&alloc, index, quick);
     }

@@ -1,13 +1,13 @@
 //! What recording history costs: host alloc + free cycles with history off, off after having
 //! been on (the same code path: the difference between the two is the run's noise), and on,
 //! interleaved.
-use devalloc::{DeviceAllocator, HostAllocator, PoolConfig, DEFAULT_ALIGNMENT};
+use devalloc::{DeviceAllocator, HostAllocator, PoolOptions, DEFAULT_ALIGNMENT};
 
 use crate::common::{interleave, Method};
 
 pub fn run(quick: bool) {
-    let config = PoolConfig { caching: true, ..PoolConfig::default() };
-    let make = || HostAllocator::with_config(config.clone()).unwrap();
+    let config = PoolOptions { caching: true, ..PoolOptions::default() };
+    let make = || HostAllocator::with_options(config.clone()).unwrap();
     let (off, was_on, on) = (make(), make(), make());
     was_on.record_history(4096).unwrap();
     was_on.record_history(0).unwrap();

@@ -4,9 +4,8 @@ use std::future::Future;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use devalloc::{
-    DeviceAllocator, DevicePtr, PoolConfig, Route, WgpuAllocator, WgpuOptions, DEFAULT_ALIGNMENT,
-};
+use devalloc::wgpu::{Route, WgpuAllocator, WgpuOptions};
+use devalloc::{DeviceAllocator, DevicePtr, PoolOptions, DEFAULT_ALIGNMENT};
 
 use crate::common::{cold_row, header, human, interleave, reps, row, Method, KIB, MIB};
 use crate::peers;
@@ -44,7 +43,7 @@ pub fn run(name: &str, backend: wgpu::Backend, quick: bool) {
     if !wgpu::Instance::enabled_backend_features().contains(backend.into()) {
         return;
     }
-    let staged = match WgpuAllocator::new_with(
+    let staged = match WgpuAllocator::with_options(
         backend,
         WgpuOptions { route: Some(Route::Staged), ..Default::default() },
     ) {
@@ -54,9 +53,11 @@ pub fn run(name: &str, backend: wgpu::Backend, quick: bool) {
             return;
         }
     };
-    let direct =
-        WgpuAllocator::new_with(backend, WgpuOptions { route: Some(Route::Direct), ..Default::default() })
-            .ok();
+    let direct = WgpuAllocator::with_options(
+        backend,
+        WgpuOptions { route: Some(Route::Direct), ..Default::default() },
+    )
+    .ok();
     println!("\n## {name}: {}", staged.device_name(0));
     let max = staged.max_allocation(0).unwrap();
     staged_uploads(&staged, max, quick);
@@ -327,10 +328,10 @@ fn latency(staged: &WgpuAllocator, direct: Option<&WgpuAllocator>, quick: bool) 
 
 fn alloc_cycle(a: &WgpuAllocator, quick: bool) {
     let (device, queue) = (a.device(0).unwrap(), a.queue(0).unwrap());
-    let uncached = WgpuAllocator::from_device_with(
+    let uncached = WgpuAllocator::from_device_with_options(
         device.clone(),
         queue.clone(),
-        WgpuOptions { pool: PoolConfig::default(), route: Some(a.route(0).unwrap()), ..Default::default() },
+        WgpuOptions { pool: PoolOptions::default(), route: Some(a.route(0).unwrap()), ..Default::default() },
     )
     .unwrap();
     println!("\nalloc -> free cycles per second (each ending with a poll): bare | with first use (a 4-byte write, submitted)");

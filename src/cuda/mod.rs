@@ -27,28 +27,32 @@
 mod context;
 mod errors;
 mod staging;
-mod storage;
+pub(crate) mod storage;
 
 use std::sync::Arc;
 
 use cudarc::driver::result;
 
+use self::errors::driver_present;
+pub use self::errors::loaded_library;
 use self::errors::{driver_error, means_no_driver};
-pub use self::errors::{driver_present, loaded_library};
 pub use self::staging::CopyTuning;
-pub use self::storage::{CudaBlock, CudaStorage};
+use self::storage::CudaStorage;
 use crate::device::{Device, DeviceIndex, DeviceType};
 use crate::error::{Error, Result};
-use crate::pool::{Pool, PoolConfig};
+use crate::pool::{Pool, PoolOptions};
 use crate::pooled_allocator::PooledAllocator;
 #[allow(unused_imports)] // named in the docs
 use crate::ptr::DevicePtr;
+/// The cudarc crate devalloc's CUDA backend is built on (0.19): contexts and streams of your
+/// own that work with devalloc's device addresses.
+pub use ::cudarc as api;
 
 /// Options of a [`CudaAllocator`].
 #[derive(Clone, Debug)]
 pub struct CudaOptions {
     /// The pool's settings (caching on by default; the limit applies per device).
-    pub pool: PoolConfig,
+    pub pool: PoolOptions,
     /// How large copies are staged (from `DEVALLOC_CUDA_*` by default).
     pub copies: CopyTuning,
 }
@@ -56,24 +60,21 @@ pub struct CudaOptions {
 impl Default for CudaOptions {
     fn default() -> Self {
         CudaOptions {
-            pool: PoolConfig { caching: true, ..PoolConfig::default() },
+            pool: PoolOptions { caching: true, ..PoolOptions::default() },
             copies: CopyTuning::from_env(),
         }
     }
 }
 
 /// CUDA device memory behind the [`crate::DeviceAllocator`] contract; see the module docs.
-pub type CudaAllocator = PooledAllocator<CudaStorage>;
+pub struct CudaAllocator(PooledAllocator<CudaStorage>);
 
-impl PooledAllocator<CudaStorage> {
+crate::pooled_allocator::pool_controls!(CudaAllocator, CudaStorage);
+
+impl CudaAllocator {
     /// Every CUDA device, with a caching pool and no limit.
     pub fn new() -> Result<Self> {
         Self::with_options(CudaOptions::default())
-    }
-
-    /// Every CUDA device with these pool settings.
-    pub fn with_config(config: PoolConfig) -> Result<Self> {
-        Self::with_options(CudaOptions { pool: config, ..CudaOptions::default() })
     }
 
     /// Every CUDA device with these options. [`Error::NotFound`] when there is no usable
@@ -122,18 +123,24 @@ impl PooledAllocator<CudaStorage> {
                 )
             })
             .collect::<Result<Vec<_>>>()?;
-        PooledAllocator::from_pools(DeviceType::Cuda, pools)
+        Ok(CudaAllocator(PooledAllocator::from_pools(DeviceType::Cuda, pools)?))
+    }
+
+    /// Sets device `index`'s memory limit to `fraction` (0 to 1) of the device's memory (as
+    /// PyTorch's `set_per_process_memory_fraction`).
+    pub fn set_memory_fraction(&self, fraction: f64, index: DeviceIndex) -> Result<()> {
+        self.0.set_memory_fraction(fraction, index)
     }
 
     /// Waits for every copy queued on device `index` (copies already wait for themselves; this
     /// is for symmetry with the other allocators).
     pub fn synchronize(&self, index: DeviceIndex) -> Result<()> {
-        self.pool(index)?.storage().synchronize()
+        self.0.pool(index)?.storage().synchronize()
     }
 
     /// Free and total bytes of device `index`, as the driver counts them (`cuMemGetInfo`).
     pub fn mem_info(&self, index: DeviceIndex) -> Result<(u64, u64)> {
-        self.pool(index)?.storage().mem_info()
+        self.0.pool(index)?.storage().mem_info()
     }
 }
 

@@ -210,7 +210,7 @@ impl Storage for CudaStorage {
         16 << 20
     }
 
-    fn device_memory(&self) -> Option<crate::DeviceMemory> {
+    fn device_memory(&self) -> Option<crate::snapshot::MemoryReport> {
         // The size is known without a context; free memory only once the device is open.
         let free = self
             .opened
@@ -218,7 +218,11 @@ impl Storage for CudaStorage {
             .and_then(|o| o.as_ref().ok())
             .and_then(|_| self.mem_info().ok())
             .map(|(f, _)| f);
-        Some(crate::DeviceMemory { total_bytes: Some(self.total), free_bytes: free, ..Default::default() })
+        Some(crate::snapshot::MemoryReport {
+            total_bytes: Some(self.total),
+            free_bytes: free,
+            ..Default::default()
+        })
     }
 
     fn alloc(&self, capacity: u64, alignment: u64, _params: &(), _label: Option<&str>) -> Result<CudaBlock> {

@@ -1,9 +1,9 @@
 //! [`AddressWindow`]: the virtual addresses a pool hands out for storages without real ones.
 //!
-//! Layout of an address: bits 63..61 hold the device type + 1, bits 60..53 the device index
-//! (so at most 256 devices of a type), bits 52..0 the offset in the device's window, which is
-//! 2^53 bytes (8 PiB) unless configured smaller. No two devices share an address, and a null
-//! or small integer is never a valid address.
+//! Layout of an address: bits 63..60 hold the device type + 1 (room for 15 device types; 7
+//! exist), bits 59..52 the device index (so at most 256 devices of a type), bits 51..0 the
+//! offset in the device's window, which is 2^52 bytes (4 PiB) unless configured smaller. No two
+//! devices share an address, and a null or small integer is never a valid address.
 //!
 //! Reuse rule: a cursor walks the window forward (next fit), so each allocation gets
 //! addresses no one had before, until the cursor wraps around. A freed range is then kept out
@@ -25,7 +25,7 @@
 //! addresses in it.
 //!
 //! So: no range is handed out again within 2^32 frees, unless more than the whole window
-//! (8 PiB, less what is live) has been freed meanwhile; with allocations of 2 MiB - 512 bytes
+//! (4 PiB, less what is live) has been freed meanwhile; with allocations of 2 MiB - 512 bytes
 //! or less (each span takes its size rounded up to 256 bytes, plus a 256-byte guard) that
 //! takes more than 2^32 frees anyway. No 64-bit scheme can promise more for every size: 2^32
 //! frees of 2^40 bytes need 2^72 bytes of distinct addresses.
@@ -38,7 +38,9 @@ use crate::device::Device;
 use crate::sync::Unpoisoned;
 
 /// Bits of the per-device window in an address.
-pub(crate) const MAX_WINDOW_BITS: u32 = 53;
+pub(crate) const MAX_WINDOW_BITS: u32 = 52;
+/// Where the device type (+ 1) starts in an address: 4 bits, so up to 15 types.
+const TYPE_SHIFT: u32 = 60;
 /// Devices of one type that addresses can tell apart.
 pub(crate) const MAX_DEVICES: u32 = 256;
 /// Unused bytes after every allocation, so that an end pointer is never in the next one.
@@ -89,11 +91,12 @@ pub(crate) struct AddressWindow {
 }
 
 impl AddressWindow {
-    /// The window of `device`, `size` bytes (a power of two, 2^17..=2^53).
+    /// The window of `device`, `size` bytes (a power of two, 2^17..=2^52).
     pub fn new(device: Device, size: u64, quarantine_frees: u64) -> Self {
         debug_assert!(size.is_power_of_two() && (2 * FIRST..=1 << MAX_WINDOW_BITS).contains(&size));
         debug_assert!(device.index < MAX_DEVICES);
-        let base = ((device.device_type as u64 + 1) << 61) | (u64::from(device.index) << MAX_WINDOW_BITS);
+        let base =
+            ((device.device_type as u64 + 1) << TYPE_SHIFT) | (u64::from(device.index) << MAX_WINDOW_BITS);
         let lane = WINDOWS.fetch_add(1, std::sync::atomic::Ordering::Relaxed).wrapping_mul(LANE) % (size / 2);
         AddressWindow {
             start: base + FIRST,

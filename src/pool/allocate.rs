@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::address::{Refused, Span};
 use super::cache::Key;
-use super::{lock, Live, Plan, Pool, PoolConfig, Source};
+use super::{lock, Live, Plan, Pool, PoolOptions, Source};
 use crate::allocator::DEFAULT_ALIGNMENT;
 use crate::checks::{check_request, len64, round_up};
 use crate::error::{Error, Result};
@@ -17,12 +17,12 @@ use crate::storage::Storage;
 impl<S: Storage> Pool<S> {
     /// Allocates `nbytes` aligned to `alignment`.
     pub fn allocate(&self, nbytes: usize, alignment: usize) -> Result<DevicePtr> {
-        self.allocate_with(nbytes, alignment, None, S::Params::default())
+        self.allocate_params(nbytes, alignment, None, S::Params::default())
     }
 
     /// Allocates with a label (shown in reports and, where the backend names its memory, to
     /// the device) and the backend's per-allocation params.
-    pub fn allocate_with(
+    pub fn allocate_params(
         &self,
         nbytes: usize,
         alignment: usize,
@@ -77,7 +77,7 @@ impl<S: Storage> Pool<S> {
         alignment: usize,
         label: Option<&str>,
         params: S::Params,
-        config: &PoolConfig,
+        config: &PoolOptions,
     ) -> Result<Plan<S::Params>> {
         let device = self.device;
         let size = check_request(nbytes, alignment, device)?;
@@ -116,7 +116,11 @@ impl<S: Storage> Pool<S> {
     /// limit, and the addresses. A refusal leaves everything as it was: the limit is checked
     /// before any addresses are taken (taking them may lift quarantine), and a cached block
     /// goes back if the addresses cannot be had.
-    fn claim(&self, plan: &Plan<S::Params>, config: &PoolConfig) -> Result<(Source<S::Block>, Option<Span>)> {
+    fn claim(
+        &self,
+        plan: &Plan<S::Params>,
+        config: &PoolOptions,
+    ) -> Result<(Source<S::Block>, Option<Span>)> {
         let capacity = plan.key.capacity;
         let mut state = lock(&self.state);
         let cached = if config.caching && config.reuse_freed { state.cache.take(&plan.key) } else { None };

@@ -16,13 +16,13 @@
 //!   the backend's per-allocation params (wgpu: usage) and, where blocks carry their label
 //!   (wgpu), the label. There is no splitting or merging: a block is reused only whole, for a
 //!   request of the same key. `empty_cache` gives every cached block back to the device.
-//!   With [`PoolConfig::reuse_freed`] off (a debug setting) freed blocks are never reused.
+//!   With [`PoolOptions::reuse_freed`] off (a debug setting) freed blocks are never reused.
 //! - **Out of memory.** Past the memory limit, the cache is emptied if that makes room, else the
 //!   request fails. When the device itself runs out, the cache is emptied and the request tried
 //!   once more (so the one visible change of a failed request is a cache given back).
 //! - **Addresses.** Storages without real addresses (host, wgpu) get virtual ones from a
 //!   per-device window (see `address.rs`): a reused cached block gets a *fresh* address, and a
-//!   freed address range is not handed out again within 2^32 frees unless the 8 PiB window has
+//!   freed address range is not handed out again within 2^32 frees unless the 4 PiB window has
 //!   no other room, so use-after-free and double free are reported as [`PointerProblem::Freed`].
 //! - **What `reserved` counts**: the capacity of every live block plus every cached block;
 //!   `allocated` counts the bytes asked for. Memory a device is allocating right now counts
@@ -57,7 +57,7 @@ use crate::sync::lock;
 
 /// Settings of a [`Pool`].
 #[derive(Clone, Debug)]
-pub struct PoolConfig {
+pub struct PoolOptions {
     /// Keep freed blocks by size class and reuse them (see the policy in the module docs).
     pub caching: bool,
     /// Most bytes the pool may hold from the device (live and cached). Past it an allocation
@@ -69,7 +69,7 @@ pub struct PoolConfig {
     /// still pointing at a freed buffer) show up instead of silently reaching a new allocation.
     pub reuse_freed: bool,
     /// Size in bytes of each device's window of virtual addresses: a power of two from 2^17 to
-    /// 2^53 (the default). Smaller windows exist for tests of the reuse rule; a full-size
+    /// 2^52 (the default). Smaller windows exist for tests of the reuse rule; a full-size
     /// window is shared by every pool of the device with the same quarantine, so that two
     /// allocators of one device never hand out one address.
     pub address_window: u64,
@@ -78,9 +78,9 @@ pub struct PoolConfig {
     pub quarantine_frees: u64,
 }
 
-impl Default for PoolConfig {
+impl Default for PoolOptions {
     fn default() -> Self {
-        PoolConfig {
+        PoolOptions {
             caching: false,
             memory_limit: None,
             reuse_freed: true,
@@ -98,19 +98,6 @@ pub struct BlockRef<B> {
     pub offset: u64,
     /// Bytes of the allocation from the pointer to its end.
     pub available: u64,
-}
-
-/// A live allocation, as reported by [`Pool::live_allocations`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AllocationInfo {
-    /// Its address.
-    pub ptr: DevicePtr,
-    /// Bytes requested.
-    pub size: u64,
-    /// Bytes held for it.
-    pub capacity: u64,
-    /// Its label, if it was given one.
-    pub label: Option<String>,
 }
 
 struct Live<S: Storage> {
@@ -151,15 +138,15 @@ pub struct Pool<S: Storage> {
     state: Mutex<State<S>>,
     storage: S,
     device: Device,
-    config: Mutex<PoolConfig>,
+    config: Mutex<PoolOptions>,
     history: Mutex<Option<History>>,
     recording: AtomicBool,
 }
 
-impl PoolConfig {
+impl PoolOptions {
     /// Refuses settings no pool of `device` can have: a device index past 255 (addresses tell
     /// 256 devices of a type apart) and an address window that is not a power of two from
-    /// 2^17 to 2^53. (A quarantine of 0 frees is taken as 1.)
+    /// 2^17 to 2^52. (A quarantine of 0 frees is taken as 1.)
     pub(crate) fn check(&self, device: Device) -> Result<()> {
         if device.index >= MAX_DEVICES {
             return Err(Error::invalid_argument(format!(
@@ -178,8 +165,8 @@ impl PoolConfig {
 
 impl<S: Storage> Pool<S> {
     /// A pool over `storage`. Refuses a device index past 255 (addresses tell 256 devices of a
-    /// type apart) and an address window that is not a power of two from 2^17 to 2^53.
-    pub fn new(storage: S, config: PoolConfig) -> Result<Self> {
+    /// type apart) and an address window that is not a power of two from 2^17 to 2^52.
+    pub fn new(storage: S, config: PoolOptions) -> Result<Self> {
         let device = storage.device();
         config.check(device)?;
         let g = storage.granularity();

@@ -15,7 +15,7 @@ impl<S: Storage> Pool<S> {
         // time) fails before it allocates anything.
         lock(&self.state).plans.claim(self.device, memory_id)?;
         let label = format!("planned buffer {memory_id}");
-        let made = self.allocate_with(nbytes, DEFAULT_ALIGNMENT, Some(&label), S::Params::default());
+        let made = self.allocate_params(nbytes, DEFAULT_ALIGNMENT, Some(&label), S::Params::default());
         let mut state = lock(&self.state);
         state.plans.unclaim(memory_id);
         let base = made?;

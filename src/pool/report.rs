@@ -2,9 +2,8 @@
 
 use std::fmt::Write as _;
 
-use super::{lock, AllocationInfo, Live, Pool, State};
+use super::{lock, Live, Pool, State};
 use crate::error::Error;
-use crate::ptr::DevicePtr;
 use crate::snapshot::{CachedBlocks, DeviceSnapshot, LiveAllocation, PlannedBuffer};
 use crate::storage::Storage;
 
@@ -29,16 +28,16 @@ impl<S: Storage> Pool<S> {
     }
 
     /// Every live allocation, in address order.
-    pub fn live_allocations(&self) -> Vec<AllocationInfo> {
+    pub fn live_allocations(&self) -> Vec<LiveAllocation> {
         Self::live_in(&lock(&self.state))
     }
 
-    fn live_in(state: &State<S>) -> Vec<AllocationInfo> {
+    fn live_in(state: &State<S>) -> Vec<LiveAllocation> {
         state
             .live
             .iter()
-            .map(|(&b, l)| AllocationInfo {
-                ptr: DevicePtr::new(b),
+            .map(|(&addr, l)| LiveAllocation {
+                addr,
                 size: l.size,
                 capacity: l.key.capacity,
                 label: l.label.as_deref().map(Into::into),
@@ -71,7 +70,7 @@ impl<S: Storage> Pool<S> {
             let _ = writeln!(
                 out,
                 "  {} {} bytes ({})",
-                a.ptr,
+                a.ptr(),
                 a.size,
                 a.label.as_deref().unwrap_or("unlabelled")
             );
@@ -79,22 +78,13 @@ impl<S: Storage> Pool<S> {
         out
     }
 
-    /// This device's part of a [`crate::Snapshot`].
+    /// This device's part of a [`crate::snapshot::Snapshot`].
     pub fn snapshot(&self) -> DeviceSnapshot {
         // Everything but the device's own numbers under one lock (history after state, the
         // order every path takes them in), so that stats, allocations and events agree.
         let (mut stats, live, cached, planned, history) = {
             let state = lock(&self.state);
-            let live = state
-                .live
-                .iter()
-                .map(|(&addr, l)| LiveAllocation {
-                    addr,
-                    size: l.size,
-                    capacity: l.key.capacity,
-                    label: l.label.as_deref().map(Into::into),
-                })
-                .collect();
+            let live = Self::live_in(&state);
             let cached = state
                 .cache
                 .counts()

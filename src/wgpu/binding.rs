@@ -159,9 +159,9 @@ impl WgpuAllocator {
 
     /// The buffer behind `ptr`, from `ptr` to the end of its allocation.
     pub fn buffer(&self, ptr: DevicePtr, index: DeviceIndex) -> Result<BufferRange> {
-        let pool = self.pool(index)?;
+        let pool = self.0.pool(index)?;
         pool.storage().check_lost()?;
-        let r = pool.block_at(ptr, 0).map_err(|e| self.foreign(index, ptr, e))?;
+        let r = pool.block_at(ptr, 0).map_err(|e| self.0.foreign(index, ptr, e))?;
         r.block.exposed.store(true, std::sync::atomic::Ordering::Release);
         let range = r.offset..r.offset + r.available;
         Ok(self.range_of(pool.storage(), r.block.buffer.clone(), range))
@@ -169,9 +169,9 @@ impl WgpuAllocator {
 
     /// The buffer behind `len` bytes at `ptr`, checked against the allocation.
     pub fn buffer_range(&self, ptr: DevicePtr, len: u64, index: DeviceIndex) -> Result<BufferRange> {
-        let pool = self.pool(index)?;
+        let pool = self.0.pool(index)?;
         pool.storage().check_lost()?;
-        let r = pool.block_at(ptr, len).map_err(|e| self.foreign(index, ptr, e))?;
+        let r = pool.block_at(ptr, len).map_err(|e| self.0.foreign(index, ptr, e))?;
         r.block.exposed.store(true, std::sync::atomic::Ordering::Release);
         Ok(self.range_of(pool.storage(), r.block.buffer.clone(), r.offset..r.offset + len))
     }
@@ -180,7 +180,7 @@ impl WgpuAllocator {
     /// as uniform: the larger of the device's two minimum offset alignments. Lay out memory
     /// plans with it ([`crate::PlanLayout`]) so that every tensor can be bound on its own.
     pub fn binding_alignment(&self, index: DeviceIndex) -> Result<usize> {
-        let l = &self.pool(index)?.storage().limits;
+        let l = &self.0.pool(index)?.storage().limits;
         Ok(l.min_storage_buffer_offset_alignment.max(l.min_uniform_buffer_offset_alignment) as usize)
     }
 
@@ -221,12 +221,12 @@ impl WgpuAllocator {
         len: u64,
         to_app: bool,
     ) -> Result<()> {
-        let pool = self.pool(index)?;
+        let pool = self.0.pool(index)?;
         if len == 0 {
             return Ok(());
         }
         let s = pool.storage();
-        let r = pool.block_at(ptr, len).map_err(|e| self.foreign(index, ptr, e))?;
+        let r = pool.block_at(ptr, len).map_err(|e| self.0.foreign(index, ptr, e))?;
         s.check_lost()?;
         let (usage, flag) = if to_app {
             (wgpu::BufferUsages::COPY_DST, "COPY_DST")

@@ -1,15 +1,77 @@
-//! [`WgpuAllocator`]: GPU buffers through wgpu on Vulkan, Metal, DX12, GL and the browser's
-//! WebGPU, behind the [`DeviceAllocator`] contract.
+//! The wgpu backend: [`WgpuAllocator`], GPU buffers through wgpu on Vulkan, Metal, DX12, GL
+//! and the browser's WebGPU, behind the [`crate::DeviceAllocator`] contract.
 //!
-//! One allocator serves one wgpu backend; its [`DeviceAllocator::device_type`] is that
-//! backend's [`DeviceType`], and its device indices are that backend's adapters in a stable
-//! order: by adapter type (discrete, integrated, virtual, CPU, other; integrated first under
+//! One allocator serves one wgpu backend; its `device_type` is that backend's
+//! [`crate::DeviceType`], and its device indices are that backend's adapters in a stable order:
+//! by adapter type (discrete, integrated, virtual, CPU, other; integrated first under
 //! [`wgpu::PowerPreference::LowPower`]), then name, vendor and device id.
 //!
-//! Files: `options.rs` (options, route choice), `storage.rs` (the [`Storage`] impl),
-//! `belt.rs` (staged copies), `direct.rs` (mapped copies), `binding.rs` (bindings, app
-//! buffers), `scope.rs` (error scopes), `lost.rs` (lost devices), `platform/` (native vs web).
+//! # Using devalloc in a wgpu app
+//!
+//! An app that already has a `wgpu::Device` hands it over with `WgpuAllocator::from_device`
+//! (or `from_device_with_options`) and keeps using it; devalloc is a guest:
+//!
+//! - **Adoption.** devalloc never replaces the device's uncaptured-error handler: its own calls
+//!   run in error scopes, so the app's handler sees the app's errors (the one call that runs
+//!   without, a direct-route map of a buffer the app was never given, cannot raise one short
+//!   of a race inside wgpu during a `destroy()`: see the wgpu backend's docs). The device's lost
+//!   callback is the exception: wgpu keeps one per device and cannot hand back one already
+//!   set, and devalloc needs it to notice a loss. Give yours as `WgpuOptions::on_device_lost`
+//!   (devalloc calls it once, after recording the loss) and do not set the device's lost
+//!   callback yourself after adoption. devalloc polls the device without blocking at the
+//!   start of every call that touches it, or waits on a poll anyway, or (uploads) sees wgpu
+//!   refuse the work of a device that is no longer valid and then waits for the loss, so after
+//!   `device.destroy()` every such call of every allocator on it is [`crate::Error::DeviceLost`]:
+//!   allocations, copies, range checks, buffers, `synchronize`; a `BufferRange`'s `binding`
+//!   polls nothing and is `DeviceLost` once any call has seen the loss. Bookkeeping keeps
+//!   working so that the app can clean up: `deallocate`, `release_buffers`, `empty_cache`,
+//!   `stats`, `get_offset_address`. A copy of 0 bytes touches nothing and is `Ok` even then.
+//!   One limit, wgpu's: a device destroyed while its queue still has work is invalid at once,
+//!   but wgpu reports the loss only once that work is done (as WebGPU specifies), and wgpu 30
+//!   offers no cheap way to ask whether a device is still valid. Until then a call that needs
+//!   no answer from the device (an allocation from the cache or a new buffer, `buffer`,
+//!   `check_range`, an aligned device-to-device copy) can return `Ok`; every call that does
+//!   (reads, writes, copies through the host, `synchronize`) sees wgpu refuse it, waits for
+//!   the report (or records the loss itself after a second) and is `DeviceLost`.
+//! - **Buffers you are given stay devalloc's.** Bind them, copy to and from them; do not
+//!   destroy them or leave them mapped. devalloc's copies on such a buffer fail with an error
+//!   (not a panic), and once freed it is dropped rather than cached for the next allocation.
+//! - **Binding.** `WgpuAllocator::buffer(ptr, index)` (to the end of the allocation) or
+//!   `buffer_range(ptr, len, index)` gives a `BufferRange`; its `binding(BindingKind::Storage)`
+//!   or `binding(BindingKind::Uniform)` returns a `wgpu::BufferBinding` or an error that names
+//!   the device limit it breaks (offset alignment, binding size, usage, empty range).
+//! - **Alignment and plans.** Copies work at any offset; bindings need offsets that are
+//!   multiples of `binding_alignment(index)`. Lay out plans with [`crate::PlanLayout`] at that
+//!   alignment (an existing plan's offsets cannot be moved). wgpu tracks usage per buffer, so
+//!   two tensors of one planned buffer bound in one dispatch need the same access: bind planned
+//!   activations `read_write`, or use one planned buffer per access kind.
+//! - **Usage and labels.** `allocate_request(&BufferRequest::new(n).usage(..).label(..), index)`
+//!   chooses usage per allocation (uniform, vertex, index, indirect...) and a label that wgpu's
+//!   own messages show. The cache keeps buffers apart by usage and label.
+//! - **The cache's reuse rule.** A freed buffer is cached and handed out again: a bind group
+//!   (or any command) built on a freed allocation then reaches the next allocation in that
+//!   buffer, as with every caching allocator (PyTorch's included). Drop bind groups before
+//!   freeing. `PoolOptions::reuse_freed = false` never reuses freed buffers, so such a bug shows
+//!   in testing.
+//! - **Async.** On native the `_async` copies return `Pending` and are woken by a polling
+//!   thread per device (map callbacks and `on_device_lost` then run on it, so
+//!   `on_device_lost` must not call back into devalloc); the blocking copies poll inline. In
+//!   the browser nothing may block: blocking calls that would wait return
+//!   [`crate::Error::NotSupported`] naming their async twin.
+//! - **App buffers.** `copy_to_buffer` / `copy_from_buffer` move data between devalloc memory
+//!   and buffers the app made, on the GPU, in queue order.
+//!
+//! `examples/mlp.rs` is such an app: a 2-layer network whose weights are devalloc allocations
+//! and whose activations live in one planned buffer, beside the app's own uniform buffers.
+//!
+//! # Inside
+//!
+//! `allocator.rs` (the allocator, its requests), `options.rs` (options, route choice),
+//! `storage.rs` (the `Storage` impl), `belt.rs` (staged copies), `direct.rs` (mapped copies),
+//! `copy.rs` (between blocks), `binding.rs` (bindings, app buffers), `scope.rs` (error
+//! scopes), `lost.rs` (is this failure a device loss?), `platform/` (native vs web).
 
+mod allocator;
 mod belt;
 mod binding;
 mod copy;
@@ -18,306 +80,27 @@ mod lost;
 mod options;
 mod platform;
 mod scope;
-mod storage;
+pub(crate) mod storage;
 
-use std::ops::Range;
-
+/// The wgpu crate devalloc speaks (major version 30): use these types with devalloc, and
+/// depend on the same major version in your app (two versions of wgpu do not mix).
+pub use ::wgpu as api;
+pub use allocator::{BufferRequest, WgpuAllocator};
 pub use binding::{BindingKind, BufferRange};
 pub use options::{DeviceLostHandler, Route, WgpuOptions};
-pub use storage::{WgpuBlock, WgpuParams, WgpuStorage};
 
-use self::options::{choose_route, device_type_of, type_rank};
-use crate::allocator::{DeviceAllocator, DEFAULT_ALIGNMENT};
-use crate::bounce::Mode;
-use crate::device::{Device, DeviceIndex};
-use crate::discover::{Outcome, Registration};
-use crate::error::{Error, Result};
-use crate::pool::Pool;
-use crate::pooled_allocator::PooledAllocator;
-use crate::ptr::DevicePtr;
+use self::options::device_type_of;
+use crate::allocator::DeviceAllocator;
+use crate::discover::{Registration, RegistrationOutcome};
 use crate::registry::DeviceAllocatorRegistry;
-use crate::storage::Storage;
 
-/// wgpu device memory behind the [`DeviceAllocator`] contract; see the crate docs' section on
-/// wgpu apps.
-pub type WgpuAllocator = PooledAllocator<WgpuStorage>;
-
-/// One allocation for [`WgpuAllocator::allocate_with`]: size, alignment, usage, label, and
-/// whether it must read as zeros.
-#[derive(Clone, Debug)]
-pub struct BufferRequest<'a> {
-    /// Bytes.
-    pub size: usize,
-    /// Alignment of the address (a power of two).
-    pub alignment: usize,
-    /// The buffer's usage; empty: the allocator's ([`WgpuOptions::usage`]). `COPY_SRC |
-    /// COPY_DST` are always added; `MAP_READ` / `MAP_WRITE` are devalloc's to set.
-    pub usage: wgpu::BufferUsages,
-    /// A label, which wgpu's own messages about the buffer show.
-    pub label: Option<&'a str>,
-    /// Whether the memory must read as zeros (a reused buffer holds old bytes otherwise).
-    pub zeroed: bool,
-}
-
-impl<'a> BufferRequest<'a> {
-    /// `size` bytes with [`DEFAULT_ALIGNMENT`], the allocator's usage, no label.
-    pub fn new(size: usize) -> Self {
-        BufferRequest {
-            size,
-            alignment: DEFAULT_ALIGNMENT,
-            usage: wgpu::BufferUsages::empty(),
-            label: None,
-            zeroed: false,
-        }
-    }
-
-    /// With this usage.
-    pub fn usage(mut self, usage: wgpu::BufferUsages) -> Self {
-        self.usage = usage;
-        self
-    }
-
-    /// With this label.
-    pub fn label(mut self, label: &'a str) -> Self {
-        self.label = Some(label);
-        self
-    }
-
-    /// With this alignment.
-    pub fn alignment(mut self, alignment: usize) -> Self {
-        self.alignment = alignment;
-        self
-    }
-
-    /// Reading as zeros.
-    pub fn zeroed(mut self) -> Self {
-        self.zeroed = true;
-        self
-    }
-}
-
-impl PooledAllocator<WgpuStorage> {
-    /// Opens every adapter of `backend` with default options, blocking (native only; in the
-    /// browser use [`WgpuAllocator::new_async`]).
-    pub fn new(backend: wgpu::Backend) -> Result<Self> {
-        Self::new_with(backend, WgpuOptions::default())
-    }
-
-    /// Opens every adapter of `backend`, blocking (native only; in the browser use
-    /// [`WgpuAllocator::new_async`], as opening an adapter there cannot be waited for).
-    pub fn new_with(backend: wgpu::Backend, options: WgpuOptions) -> Result<Self> {
-        platform::open_blocking(Self::new_async(backend, options))
-    }
-
-    /// Opens every adapter of `backend`; the way in on the web, where nothing may block.
-    pub async fn new_async(backend: wgpu::Backend, options: WgpuOptions) -> Result<Self> {
-        let device_type = device_type_of(backend).ok_or_else(|| {
-            Error::invalid_argument(format!(
-                "wgpu backend {backend:?} has no device memory devalloc can serve"
-            ))
-        })?;
-        options.check(Device::new(device_type, 0))?;
-        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
-        desc.backends = backend.into();
-        let instance = wgpu::Instance::new(desc);
-        let mut adapters = platform::adapters(&instance, backend).await;
-        if !options.allow_software {
-            adapters.retain(|a| a.get_info().device_type != wgpu::DeviceType::Cpu);
-        }
-        if adapters.is_empty() {
-            return Err(Error::not_found(format!(
-                "no usable {device_type} adapter: wgpu found none (is a driver installed?)"
-            )));
-        }
-        adapters.sort_by_key(|a| {
-            let i = a.get_info();
-            (type_rank(i.device_type, options.power_preference), i.name, i.vendor, i.device)
-        });
-        let mut pools = Vec::new();
-        for (index, adapter) in adapters.iter().enumerate() {
-            let id = Device::new(device_type, index as DeviceIndex);
-            let info = adapter.get_info();
-            let mappable = adapter.features().contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS);
-            let route = choose_route(options.route, &info, mappable, device_type)?;
-            let required_features = match route {
-                Route::Direct => wgpu::Features::MAPPABLE_PRIMARY_BUFFERS,
-                Route::Staged => wgpu::Features::empty(),
-            };
-            let required_limits = options.required_limits.clone().unwrap_or_else(|| adapter.limits());
-            let desc = wgpu::DeviceDescriptor {
-                label: Some("devalloc"),
-                required_features,
-                required_limits,
-                ..Default::default()
-            };
-            let (device, queue) = adapter.request_device(&desc).await.map_err(|e| Error::Backend {
-                device: id,
-                message: format!("opening {}: {e}", info.name),
-                source: Some(Box::new(e)),
-            })?;
-            log::info!(
-                "devalloc: {id} is {} ({:?}, {:?}), {route:?} copies",
-                info.name,
-                info.device_type,
-                info.backend
-            );
-            pools.push(Pool::new(
-                WgpuStorage::new(device, queue, id, route, &options)?,
-                options.pool.clone(),
-            )?);
-        }
-        PooledAllocator::from_pools(device_type, pools)
-    }
-
-    /// Puts devalloc in front of a device and queue the app already has (device index 0),
-    /// with default options; see the crate docs' section on wgpu apps. Copies are staged
-    /// unless the device was opened with `MAPPABLE_PRIMARY_BUFFERS` on unified memory.
-    pub fn from_device(device: wgpu::Device, queue: wgpu::Queue) -> Result<Self> {
-        Self::from_device_with(device, queue, WgpuOptions::default())
-    }
-
-    /// [`WgpuAllocator::from_device`] with options.
-    pub fn from_device_with(device: wgpu::Device, queue: wgpu::Queue, options: WgpuOptions) -> Result<Self> {
-        let info = device.adapter_info();
-        let device_type = device_type_of(info.backend).ok_or_else(|| {
-            Error::invalid_argument(format!("a {:?} device has no memory devalloc can serve", info.backend))
-        })?;
-        let mappable = device.features().contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS);
-        let route = choose_route(options.route, &info, mappable, device_type)?;
-        let id = Device::new(device_type, 0);
-        // Every setting checked before the storage takes the device's lost callback: a refused
-        // adoption leaves the app's device as it was.
-        options.check(id)?;
-        let storage = WgpuStorage::new(device, queue, id, route, &options)?;
-        PooledAllocator::from_pools(device_type, vec![Pool::new(storage, options.pool.clone())?])
-    }
-
-    /// The wgpu device of `index`.
-    pub fn device(&self, index: DeviceIndex) -> Result<&wgpu::Device> {
-        Ok(&self.pool(index)?.storage().device)
-    }
-
-    /// The wgpu queue of `index`.
-    pub fn queue(&self, index: DeviceIndex) -> Result<&wgpu::Queue> {
-        Ok(&self.pool(index)?.storage().queue)
-    }
-
-    /// The adapter behind device `index`.
-    pub fn adapter_info(&self, index: DeviceIndex) -> Result<&wgpu::AdapterInfo> {
-        Ok(&self.pool(index)?.storage().info)
-    }
-
-    /// The route host<->device copies take on device `index`.
-    pub fn route(&self, index: DeviceIndex) -> Result<Route> {
-        Ok(self.pool(index)?.storage().route())
-    }
-
-    /// Allocates as `request` says: usage, label (which reaches wgpu, so its messages name
-    /// the buffer), alignment, zeroing. Buffers are cached by usage and label too, so a reused
-    /// buffer never carries another allocation's label. If clearing a zeroed allocation fails
-    /// (the device was lost meanwhile), the allocation is freed again before the error
-    /// returns: the stats then count one allocation and one free.
-    pub fn allocate_with(&self, index: DeviceIndex, request: &BufferRequest<'_>) -> Result<DevicePtr> {
-        let pool = self.pool(index)?;
-        let mapping = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::MAP_WRITE;
-        if request.usage.intersects(mapping) {
-            return Err(Error::invalid_argument(
-                "MAP_READ / MAP_WRITE usage is devalloc's to set (the direct route maps buffers itself)",
-            ));
-        }
-        let params = WgpuParams::with_usage(request.usage);
-        let ptr = pool.allocate_with(request.size, request.alignment, request.label, params)?;
-        if request.zeroed {
-            if let Err(e) = self.zero(index, ptr) {
-                let _ = pool.deallocate(ptr);
-                return Err(e);
-            }
-        }
-        Ok(ptr)
-    }
-
-    /// Allocates memory that reads as zeros (cleared on the GPU, fresh buffers too).
-    pub fn allocate_zeroed(&self, nbytes: usize, index: DeviceIndex, alignment: usize) -> Result<DevicePtr> {
-        self.allocate_with(index, &BufferRequest::new(nbytes).alignment(alignment).zeroed())
-    }
-
-    fn zero(&self, index: DeviceIndex, ptr: DevicePtr) -> Result<()> {
-        let pool = self.pool(index)?;
-        let r = pool.block_at(ptr, 0)?;
-        let len = r.block.buffer.size();
-        crate::bounce::run_blocking(pool.storage().clear(&r.block, 0, len, crate::bounce::Mode::Blocking))
-    }
-
-    /// Waits until the GPU has finished all work submitted to device `index` (blocking; in
-    /// the browser [`Error::NotSupported`]: use [`WgpuAllocator::synchronize_async`]).
-    pub fn synchronize(&self, index: DeviceIndex) -> Result<()> {
-        self.pool(index)?.storage().synchronize()
-    }
-
-    /// Resolves once the GPU has finished all work submitted to device `index`, without
-    /// blocking a thread (works on every backend, the browser included).
-    pub async fn synchronize_async(&self, index: DeviceIndex) -> Result<()> {
-        self.pool(index)?.storage().sync_with(Mode::Async).await
-    }
-
-    /// Maps `buffer[range]` of device `index` (an app's own buffer too) and resolves once it
-    /// can be read or written with `get_mapped_range`; on WebGL2 this polls the device as
-    /// wgpu requires there. The range must start at a multiple of 8, be a non-empty multiple
-    /// of 4 long, lie in the buffer, and the buffer must have the mapping usage.
-    pub async fn map_buffer_async(
-        &self,
-        index: DeviceIndex,
-        buffer: &wgpu::Buffer,
-        mode: wgpu::MapMode,
-        range: Range<u64>,
-    ) -> Result<()> {
-        let s = self.pool(index)?.storage();
-        let (usage, flag) = match mode {
-            wgpu::MapMode::Read => (wgpu::BufferUsages::MAP_READ, "MAP_READ"),
-            wgpu::MapMode::Write => (wgpu::BufferUsages::MAP_WRITE, "MAP_WRITE"),
-        };
-        let why = if range.start >= range.end || range.end > buffer.size() {
-            Some(format!("it must be non-empty and within the buffer's {} bytes", buffer.size()))
-        } else if !range.start.is_multiple_of(wgpu::MAP_ALIGNMENT)
-            || !(range.end - range.start).is_multiple_of(4)
-        {
-            Some("it must start at a multiple of 8 and be a multiple of 4 long".into())
-        } else if !buffer.usage().contains(usage) {
-            Some(format!("the buffer lacks {flag} usage"))
-        } else {
-            None
-        };
-        if let Some(why) = why {
-            return Err(Error::invalid_argument(format!("cannot map {range:?} on {}: {why}", s.id)));
-        }
-        s.check_lost()?;
-        let mapped = s.map(buffer, mode, range)?;
-        // Until the map resolves, giving up (or being dropped) cancels it: a map left pending
-        // would map the app's buffer behind its back later.
-        let mut pending = direct::Unmap { storage: s, buffer, armed: true };
-        // A buffer of another device would never map here (only that device's polls complete
-        // its map): give up once this device is idle.
-        let r = platform::wait(s, mapped, None, Mode::Async, true).await;
-        pending.armed = r.is_err();
-        r?.map_err(|e| s.backend_error("mapping a buffer", e))
-    }
-
-    /// Bytes of the largest allocation device `index` can make.
-    pub fn max_allocation(&self, index: DeviceIndex) -> Result<u64> {
-        Ok(self.pool(index)?.storage().max_block_size())
-    }
-}
-
-/// The wgpu backends `register_wgpu_backends` tries, in order.
+/// The wgpu backends `register_backends` tries, in order.
 const NATIVE_BACKENDS: [wgpu::Backend; 4] =
     [wgpu::Backend::Vulkan, wgpu::Backend::Metal, wgpu::Backend::Dx12, wgpu::Backend::Gl];
 
 /// Opens every wgpu backend this build and machine offer (blocking; native only) and
 /// registers each that has a usable adapter into `registry`; says for each what happened.
-pub fn register_wgpu_backends(
-    registry: &DeviceAllocatorRegistry,
-    options: &WgpuOptions,
-) -> Vec<Registration> {
+pub fn register_backends(registry: &DeviceAllocatorRegistry, options: &WgpuOptions) -> Vec<Registration> {
     let mut report = Vec::new();
     for backend in NATIVE_BACKENDS {
         let Some(device_type) = device_type_of(backend) else { continue };
@@ -325,10 +108,10 @@ pub fn register_wgpu_backends(
             continue;
         }
         if registry.get_allocator(device_type).is_some() {
-            report.push(Registration { device_type, outcome: Outcome::AlreadyRegistered });
+            report.push(Registration { device_type, outcome: RegistrationOutcome::AlreadyRegistered });
             continue;
         }
-        let made = WgpuAllocator::new_with(backend, options.clone())
+        let made = WgpuAllocator::with_options(backend, options.clone())
             .map(|a| Box::leak(Box::new(a)) as &'static dyn DeviceAllocator);
         report.push(Registration::made(registry, device_type, made));
     }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::device::DeviceType;
 use crate::error::{Error, Result};
-use crate::pool::PoolConfig;
+use crate::pool::PoolOptions;
 
 /// How host<->device copies reach a device's buffers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,7 +20,7 @@ pub enum Route {
 /// devalloc has recorded the loss (see [`WgpuOptions::on_device_lost`]).
 pub type DeviceLostHandler = Arc<dyn Fn(wgpu::DeviceLostReason, &str) + Send + Sync>;
 
-/// Options of a [`crate::WgpuAllocator`].
+/// Options of a [`crate::wgpu::WgpuAllocator`].
 #[derive(Clone)]
 pub struct WgpuOptions {
     /// Which adapters come first when devalloc opens them itself (see `WgpuAllocator::new`).
@@ -32,14 +32,14 @@ pub struct WgpuOptions {
     pub allow_software: bool,
     /// The pool's settings: caching (on by default here), memory limit, the debug setting
     /// that never reuses freed buffers.
-    pub pool: PoolConfig,
+    pub pool: PoolOptions,
     /// The copy route; `None` (the default) picks direct mapping where the adapter has unified
     /// memory (CPU or integrated) and offers `MAPPABLE_PRIMARY_BUFFERS`, staging elsewhere. A
     /// forced `Direct` is an error where the device cannot map its buffers.
     pub route: Option<Route>,
     /// Usage of buffers allocated without one of their own (`COPY_SRC | COPY_DST` are always
     /// added, as devalloc copies through them; `MAP_READ` / `MAP_WRITE` are refused: they are
-    /// devalloc's to set). `WgpuAllocator::allocate_with` picks usage per allocation.
+    /// devalloc's to set). `WgpuAllocator::allocate_request` picks usage per allocation.
     pub usage: wgpu::BufferUsages,
     /// Size of one staging buffer, and so of one chunk of a large copy. `None`: natively 4 MiB
     /// on CPU and integrated adapters, 8 MiB on discrete GPUs (chosen by measurement: see
@@ -66,7 +66,7 @@ impl Default for WgpuOptions {
             power_preference: wgpu::PowerPreference::HighPerformance,
             required_limits: None,
             allow_software: true,
-            pool: PoolConfig { caching: true, ..PoolConfig::default() },
+            pool: PoolOptions { caching: true, ..PoolOptions::default() },
             route: None,
             usage: wgpu::BufferUsages::STORAGE,
             staging_chunk: None,

@@ -397,10 +397,10 @@ impl Storage for WgpuStorage {
         self.belt.bytes()
     }
 
-    fn device_memory(&self) -> Option<crate::DeviceMemory> {
+    fn device_memory(&self) -> Option<crate::snapshot::MemoryReport> {
         // wgpu 30 has no query for a device's memory size or budget; its allocator report
         // (where the backend keeps one) says what wgpu itself has allocated.
-        self.device.generate_allocator_report().map(|r| crate::DeviceMemory {
+        self.device.generate_allocator_report().map(|r| crate::snapshot::MemoryReport {
             backend_allocated_bytes: Some(r.total_allocated_bytes),
             backend_reserved_bytes: Some(r.total_reserved_bytes),
             ..Default::default()

@@ -336,7 +336,7 @@ pub async fn raii_buffer(a: &'static dyn DeviceAllocator, i: DeviceIndex) {
     use devalloc::DeviceMemoryBuffer;
     let live0 = a.stats(i).unwrap().live_allocations;
     {
-        let mut buf = DeviceMemoryBuffer::create_with(a, 4 * 1000, i, DEFAULT_ALIGNMENT).unwrap();
+        let mut buf = DeviceMemoryBuffer::create_on(a, 4 * 1000, i, DEFAULT_ALIGNMENT).unwrap();
         let values: Vec<f32> = (0..1000).map(|v| v as f32 * 0.5).collect();
         buf.write_pod(&values).unwrap();
         assert_eq!(buf.to_vec_async::<f32>().await.unwrap(), values);
@@ -424,7 +424,7 @@ pub async fn foreign_pointers_on_either_end(a: &'static dyn DeviceAllocator, i: 
 /// History records exactly what a scripted sequence did, the ring keeps the newest events, and
 /// the snapshot says what is live, cached and planned, and round-trips through its JSON.
 pub async fn history_and_snapshot(a: &'static dyn DeviceAllocator, i: DeviceIndex) {
-    use devalloc::{EventKind, Snapshot};
+    use devalloc::snapshot::{EventKind, Snapshot};
     // Only the device under test records (other devices of the allocator are quiet here).
     a.record_history(100).unwrap();
     let hits0 = a.stats(i).unwrap().cache_hits;

@@ -15,7 +15,8 @@ use futures_channel::oneshot;
 use serde::Serialize;
 
 use crate::wgpu;
-use devalloc::{DeviceAllocator, WgpuAllocator, DEFAULT_ALIGNMENT};
+use devalloc::wgpu::WgpuAllocator;
+use devalloc::{DeviceAllocator, DEFAULT_ALIGNMENT};
 
 fn now_ms() -> f64 {
     use wasm_bindgen::JsCast;

@@ -11,15 +11,14 @@
 mod bench;
 mod network;
 
-use devalloc::{
-    DeviceAllocator, DeviceAllocatorRegistry, DevicePtr, WgpuAllocator, WgpuOptions, DEFAULT_ALIGNMENT,
-};
+use devalloc::wgpu::{WgpuAllocator, WgpuOptions};
+use devalloc::{DeviceAllocator, DeviceAllocatorRegistry, DevicePtr, DEFAULT_ALIGNMENT};
 use js_sys::Promise;
 use serde::Serialize;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
 
-pub(crate) use devalloc::wgpu_api as wgpu;
+pub(crate) use devalloc::wgpu::api as wgpu;
 
 /// A devalloc error as a JS exception.
 pub(crate) fn js(e: devalloc::Error) -> JsValue {
@@ -107,7 +106,7 @@ impl Devalloc {
             if !wgpu::Instance::enabled_backend_features().contains(backend.into()) {
                 continue;
             }
-            match WgpuAllocator::new_async(backend, WgpuOptions::default()).await {
+            match WgpuAllocator::with_options_async(backend, WgpuOptions::default()).await {
                 Ok(a) => {
                     let alloc: &'static WgpuAllocator = Box::leak(Box::new(a));
                     if let Err(e) = DeviceAllocatorRegistry::instance().register_allocator(alloc) {

@@ -1,7 +1,8 @@
 //! The page's workload for the memory viewer: a few dense layers of a network in WGSL, weights
 //! in labelled devalloc allocations, activations at bindable offsets of one planned buffer,
 //! checked against the CPU.
-use devalloc::{BindingKind, BufferRequest, DeviceAllocator, DevicePtr, PlanLayout, WgpuAllocator};
+use devalloc::wgpu::{BindingKind, BufferRequest, WgpuAllocator};
+use devalloc::{DeviceAllocator, DevicePtr, PlanLayout};
 
 use crate::wgpu;
 
@@ -54,7 +55,7 @@ pub async fn run(a: &WgpuAllocator, widths: &[usize]) -> devalloc::Result<f32> {
     let mut host_w = Vec::new();
     for l in 0..layers {
         let w = values(widths[l] * widths[l + 1], l as u32 + 1);
-        let p = a.allocate_with(0, &BufferRequest::new(w.len() * 4).label(&format!("w.layer{l}")))?;
+        let p = a.allocate_request(&BufferRequest::new(w.len() * 4).label(&format!("w.layer{l}")), 0)?;
         a.copy_host_to_device_async(p, bytemuck::cast_slice(&w), 0).await?;
         weights.push(p);
         host_w.push(w);
@@ -88,9 +89,9 @@ pub async fn run(a: &WgpuAllocator, widths: &[usize]) -> devalloc::Result<f32> {
     let mut enc = device.create_command_encoder(&Default::default());
     let mut groups = Vec::new();
     for l in 0..layers {
-        let d = a.allocate_with(
-            0,
+        let d = a.allocate_request(
             &BufferRequest::new(16).usage(wgpu::BufferUsages::UNIFORM).label(&format!("dims.layer{l}")),
+            0,
         )?;
         let relu = u32::from(l + 1 < layers);
         a.copy_host_to_device_async(

@@ -212,7 +212,7 @@ pub(crate) const CAN_BLOCK: bool = false;
 /// Opening a device cannot be waited for in the browser.
 pub(crate) fn open_blocking<T>(_open: impl Future<Output = Result<T>>) -> Result<T> {
     Err(Error::NotSupported {
-        operation: "WgpuAllocator::new / new_with",
+        operation: "WgpuAllocator::new / with_options",
         device_type: crate::DeviceType::WebGpu,
         reason: "in the browser an adapter can only be opened asynchronously: use WgpuAllocator::new_async(...).await".into(),
     })

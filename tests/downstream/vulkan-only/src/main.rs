@@ -1,7 +1,8 @@
 //! A dependent of devalloc built for Vulkan alone: doubles floats in WGSL on devalloc memory.
-//! It names wgpu only through `devalloc::wgpu_api`, so its wgpu is devalloc's.
-use devalloc::wgpu_api as wgpu;
-use devalloc::{BindingKind, DeviceAllocator, WgpuAllocator, DEFAULT_ALIGNMENT};
+//! It names wgpu only through `devalloc::wgpu::api`, so its wgpu is devalloc's.
+use devalloc::wgpu::api as wgpu;
+use devalloc::{DEFAULT_ALIGNMENT, DeviceAllocator};
+use devalloc::wgpu::{BindingKind, WgpuAllocator};
 
 const DOUBLE: &str = "@group(0) @binding(0) var<storage, read_write> v: array<f32>;
 @compute @workgroup_size(64) fn main(@builtin(global_invocation_id) id: vec3<u32>) {

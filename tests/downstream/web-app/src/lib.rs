@@ -1,6 +1,7 @@
 //! A tiny app on devalloc: scales floats on the GPU with a WGSL kernel.
-use devalloc::wgpu_api as wgpu;
-use devalloc::{BindingKind, DeviceAllocator, WgpuAllocator, DEFAULT_ALIGNMENT};
+use devalloc::wgpu::api as wgpu;
+use devalloc::{DEFAULT_ALIGNMENT, DeviceAllocator};
+use devalloc::wgpu::{BindingKind, WgpuAllocator};
 
 const SCALE: &str = "@group(0) @binding(0) var<storage, read_write> v: array<f32>;
 @compute @workgroup_size(64) fn main(@builtin(global_invocation_id) id: vec3<u32>) {

@@ -2,7 +2,8 @@
 //! per test binary, as devalloc's README shows.
 #![cfg(target_arch = "wasm32")]
 
-use devalloc::{DeviceAllocatorRegistry, DeviceType, Error, WgpuAllocator, WgpuOptions};
+use devalloc::{DeviceAllocatorRegistry, DeviceType, Error};
+use devalloc::wgpu::{WgpuAllocator, WgpuOptions};
 use wasm_bindgen_test::wasm_bindgen_test;
 
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
@@ -13,7 +14,7 @@ async fn gpu() -> &'static WgpuAllocator {
     if let Some(a) = registry.get::<WgpuAllocator>(DeviceType::WebGpu) {
         return a;
     }
-    let made = WgpuAllocator::new_async(devalloc::wgpu_api::Backend::BrowserWebGpu, WgpuOptions::default())
+    let made = WgpuAllocator::with_options_async(devalloc::wgpu::api::Backend::BrowserWebGpu, WgpuOptions::default())
         .await
         .expect("the browser offers WebGPU (--enable-unsafe-webgpu)");
     let made: &'static WgpuAllocator = Box::leak(Box::new(made));
