@@ -4,7 +4,7 @@
 use std::ops::Range;
 
 use super::options::{choose_route, device_type_of, type_rank};
-use super::platform;
+use super::platform::{Current, Platform};
 use super::storage::{WgpuParams, WgpuStorage};
 use super::{direct, Route, WgpuOptions};
 use crate::allocator::DEFAULT_ALIGNMENT;
@@ -86,7 +86,7 @@ impl WgpuAllocator {
     /// Opens every adapter of `backend`, blocking (native only; in the browser use
     /// [`WgpuAllocator::with_options_async`], as opening an adapter there cannot be waited for).
     pub fn with_options(backend: wgpu::Backend, options: WgpuOptions) -> Result<Self> {
-        platform::open_blocking(Self::with_options_async(backend, options))
+        Current::open_blocking(Self::with_options_async(backend, options))
     }
 
     /// Opens every adapter of `backend` with default options; the way in on the web, where
@@ -106,7 +106,7 @@ impl WgpuAllocator {
         let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
         desc.backends = backend.into();
         let instance = wgpu::Instance::new(desc);
-        let mut adapters = platform::adapters(&instance, backend).await;
+        let mut adapters = Current::adapters(&instance, backend).await;
         if !options.allow_software {
             adapters.retain(|a| a.get_info().device_type != wgpu::DeviceType::Cpu);
         }
@@ -185,22 +185,22 @@ impl WgpuAllocator {
 
     /// The wgpu device of `index`.
     pub fn device(&self, index: DeviceIndex) -> Result<&wgpu::Device> {
-        Ok(&self.0.pool(index)?.storage().device)
+        Ok(&self.0.pool(index)?.storage().gpu.device)
     }
 
     /// The wgpu queue of `index`.
     pub fn queue(&self, index: DeviceIndex) -> Result<&wgpu::Queue> {
-        Ok(&self.0.pool(index)?.storage().queue)
+        Ok(&self.0.pool(index)?.storage().gpu.queue)
     }
 
     /// The adapter behind device `index`.
     pub fn adapter_info(&self, index: DeviceIndex) -> Result<&wgpu::AdapterInfo> {
-        Ok(&self.0.pool(index)?.storage().info)
+        Ok(&self.0.pool(index)?.storage().gpu.info)
     }
 
     /// The route host<->device copies take on device `index`.
     pub fn route(&self, index: DeviceIndex) -> Result<Route> {
-        Ok(self.0.pool(index)?.storage().route())
+        Ok(self.0.pool(index)?.storage().route)
     }
 
     /// Allocates as `request` says: usage, label (which reaches wgpu, so its messages name
@@ -248,7 +248,7 @@ impl WgpuAllocator {
     /// Resolves once the GPU has finished all work submitted to device `index`, without
     /// blocking a thread (works on every backend, the browser included).
     pub async fn synchronize_async(&self, index: DeviceIndex) -> Result<()> {
-        self.0.pool(index)?.storage().sync_with(Mode::Async).await
+        self.0.pool(index)?.storage().gpu.synchronize(Mode::Async).await
     }
 
     /// Maps `buffer[range]` of device `index` (an app's own buffer too) and resolves once it
@@ -262,7 +262,7 @@ impl WgpuAllocator {
         range: Range<u64>,
         index: DeviceIndex,
     ) -> Result<()> {
-        let s = self.0.pool(index)?.storage();
+        let s = &self.0.pool(index)?.storage().gpu;
         let (usage, flag) = match mode {
             wgpu::MapMode::Read => (wgpu::BufferUsages::MAP_READ, "MAP_READ"),
             wgpu::MapMode::Write => (wgpu::BufferUsages::MAP_WRITE, "MAP_WRITE"),
@@ -285,10 +285,10 @@ impl WgpuAllocator {
         let mapped = s.map(buffer, mode, range)?;
         // Until the map resolves, giving up (or being dropped) cancels it: a map left pending
         // would map the app's buffer behind its back later.
-        let mut pending = direct::Unmap { storage: s, buffer, armed: true };
+        let mut pending = direct::Unmap { gpu: s, buffer, armed: true };
         // A buffer of another device would never map here (only that device's polls complete
         // its map): give up once this device is idle.
-        let r = platform::wait(s, mapped, None, Mode::Async, true).await;
+        let r = s.wait(mapped, None, Mode::Async, true).await;
         pending.armed = r.is_err();
         r?.map_err(|e| s.backend_error("mapping a buffer", e))
     }

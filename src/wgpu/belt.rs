@@ -23,7 +23,7 @@
 //!   from 64 KiB (or the device's largest buffer, if smaller) to a chunk, and a read takes an
 //!   idle one of its own size class (the smallest that holds it), or makes one: mapping a few
 //!   bytes of a chunk-sized buffer measured slower. On WebGL2 a read up to 1 MiB takes a
-//!   buffer of its own instead (see `platform::fresh_download_staging`).
+//!   buffer of its own instead (see `options::Tuning`).
 //! - **Ragged ranges**: wgpu copies 4-byte words at 4-byte offsets. A read copies the
 //!   enclosing words and keeps the wanted bytes; a write reads the (at most two) edge words
 //!   first and writes them back merged, under the block's lock, so neighbouring bytes are kept.
@@ -47,23 +47,22 @@ use std::sync::{Arc, Mutex};
 
 use futures_channel::oneshot;
 
-use super::platform::{self, CAN_BLOCK};
-use super::scope::Raises;
-use super::storage::{ceil4, floor4, MapResult, WgpuBlock, WgpuStorage, COPY_ALIGN};
-use crate::bounce::{yield_now, Mode};
+use super::gpu::{Gpu, MapResult};
+use super::options::Tuning;
+use super::platform::{Current, Platform};
+use super::storage::ceil4;
+use crate::bounce::Mode;
 use crate::error::Result;
 use crate::sync::lock;
 
 /// Chunks of a download in flight at once.
 pub(crate) const PIPELINE_DEPTH: usize = 3;
-/// Bytes of small uploads after which the queue is flushed.
-const FLUSH_PENDING: u64 = 8 << 20;
 /// Size of the staging buffers of small reads.
 const SMALL_DOWNLOAD: u64 = 64 << 10;
 
 /// A staging buffer, counted in its belt's bytes while it exists.
 pub(crate) struct Staging {
-    buffer: wgpu::Buffer,
+    pub(super) buffer: wgpu::Buffer,
     bytes: Arc<AtomicU64>,
 }
 
@@ -75,7 +74,7 @@ impl Drop for Staging {
 
 /// An upload buffer being mapped again after its copy.
 struct Remapping {
-    staging: Staging,
+    pub(super) staging: Staging,
     mapped: oneshot::Receiver<MapResult>,
     /// The map had completed when it was asked for (its result is already taken).
     ready: bool,
@@ -89,35 +88,31 @@ struct Kept {
     downloads: Vec<Staging>,
 }
 
-/// Reusable staging buffers of one device; see the module docs for the protocol.
+/// Reusable staging buffers of one device; see the module docs for the protocol. It holds
+/// its buffers and takes the device ([`Gpu`]) per call, as wgpu's `StagingBelt` does.
 pub(crate) struct Belt {
     /// Bytes of one staging buffer: one chunk of a large copy.
     pub chunk: u64,
     small: u64,
-    small_upload: u64,
-    /// wgpu-core runs the device (native, and WebGL2 in the browser): it refuses work on a
-    /// device that is no longer valid at once, which is how uploads notice a loss without a
-    /// poll (see `platform::wgpu_core_inside`).
-    pub(crate) core: bool,
-    /// Downloads up to this size get a staging buffer of their own (see
-    /// `platform::fresh_download_staging`).
+    pub(super) small_upload: u64,
+    /// Downloads up to this size get a staging buffer of their own (see `options::Tuning`).
     fresh_downloads: u64,
     budget: u64,
     bytes: Arc<AtomicU64>,
     kept: Mutex<Kept>,
-    pending_small: AtomicU64,
+    /// Bytes of small uploads since the queue was last flushed.
+    pub(super) pending_small: AtomicU64,
 }
 
 impl Belt {
-    pub(crate) fn new(info: &wgpu::AdapterInfo, chunk: u64, budget: Option<u64>, max_buffer: u64) -> Self {
-        let small_upload = platform::small_upload_limit(info);
+    /// A belt tuned by `tuning`, holding at most `budget` bytes (8 chunks when `None`).
+    pub(crate) fn new(tuning: &Tuning, budget: Option<u64>, max_buffer: u64) -> Self {
         Belt {
-            chunk,
+            chunk: tuning.chunk,
             small: SMALL_DOWNLOAD.min(max_buffer),
-            small_upload,
-            core: platform::wgpu_core_inside(info),
-            fresh_downloads: platform::fresh_download_staging(info),
-            budget: budget.unwrap_or(8 * chunk),
+            small_upload: tuning.small_upload,
+            fresh_downloads: tuning.fresh_downloads,
+            budget: budget.unwrap_or(8 * tuning.chunk),
             bytes: Arc::default(),
             kept: Mutex::default(),
             pending_small: AtomicU64::new(0),
@@ -135,20 +130,20 @@ impl Belt {
 
     fn make(
         &self,
-        s: &WgpuStorage,
+        gpu: &Gpu,
         label: &str,
         size: u64,
         usage: wgpu::BufferUsages,
         mapped: bool,
     ) -> Result<Staging> {
-        let buffer = s.create(label, size, usage, mapped)?;
+        let buffer = gpu.create(label, size, usage, mapped)?;
         self.bytes.fetch_add(size, Ordering::Relaxed);
         Ok(Staging { buffer, bytes: Arc::clone(&self.bytes) })
     }
 
     /// A mapped upload buffer: a re-mapped one, a new one within the budget, or (past it) the
     /// oldest in flight once it is back.
-    async fn take_upload(&self, s: &WgpuStorage, mode: Mode) -> Result<Staging> {
+    pub(super) async fn take_upload(&self, gpu: &Gpu, mode: Mode) -> Result<Staging> {
         loop {
             let front = lock(&self.kept).uploads.pop_front();
             let Some(mut r) = front else { break };
@@ -162,32 +157,32 @@ impl Belt {
                 // thread's, or a wait's): a new buffer within the budget, else wait for it.
                 Ok(None) => {
                     let within = self.bytes() + self.chunk <= self.budget;
-                    if within || (mode == Mode::Blocking && !CAN_BLOCK) {
+                    if within || (mode == Mode::Blocking && !Current::CAN_BLOCK) {
                         lock(&self.kept).uploads.push_front(r);
                         break;
                     }
-                    s.wait_mapped(r.mapped, Some(r.index), mode).await?;
+                    gpu.wait_mapped(r.mapped, Some(r.index), mode).await?;
                     return Ok(r.staging);
                 }
             }
         }
         let usage = wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC;
-        self.make(s, "devalloc upload staging", self.chunk, usage, true)
+        self.make(gpu, "devalloc upload staging", self.chunk, usage, true)
     }
 
     /// Maps an upload buffer again after its copy, or releases it past the budget. `Some(false)`
     /// when wgpu refused the map at once (wgpu-core does so on a device that is no longer
     /// valid), `None` when it was not asked for.
-    fn recycle_upload(
+    pub(super) fn recycle_upload(
         &self,
-        s: &WgpuStorage,
+        gpu: &Gpu,
         staging: Staging,
         index: wgpu::SubmissionIndex,
     ) -> Option<bool> {
         if self.over_budget() {
             return None;
         }
-        let Ok(mut mapped) = s.map(&staging.buffer, wgpu::MapMode::Write, 0..staging.buffer.size()) else {
+        let Ok(mut mapped) = gpu.map(&staging.buffer, wgpu::MapMode::Write, 0..staging.buffer.size()) else {
             return Some(false);
         };
         let ready = match mapped.try_recv() {
@@ -207,10 +202,10 @@ impl Belt {
 
     /// An idle download buffer that holds `n` bytes: the smallest kept one of the right size,
     /// or a new one.
-    fn take_download(&self, s: &WgpuStorage, n: u64) -> Result<Staging> {
+    pub(super) fn take_download(&self, gpu: &Gpu, n: u64) -> Result<Staging> {
         let usage = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
         if n <= self.fresh_downloads {
-            return self.make(s, "devalloc download staging", ceil4(n), usage, false);
+            return self.make(gpu, "devalloc download staging", ceil4(n), usage, false);
         }
         let size = self.download_size(n);
         let kept = {
@@ -221,252 +216,14 @@ impl Belt {
         if let Some(b) = kept {
             return Ok(b);
         }
-        self.make(s, "devalloc download staging", size, usage, false)
+        self.make(gpu, "devalloc download staging", size, usage, false)
     }
 
     /// Puts a download buffer back, or releases it past the budget.
-    fn return_download(&self, b: Staging) {
+    pub(super) fn return_download(&self, b: Staging) {
         if self.over_budget() || b.buffer.size() <= self.fresh_downloads {
             return;
         }
         lock(&self.kept).downloads.push(b);
-    }
-}
-
-impl WgpuStorage {
-    /// An upload through the queue's own staging (`queue.write_buffer`), which the next
-    /// submission carries.
-    ///
-    /// Where wgpu-core runs (native, and WebGL2 in the browser) it goes through
-    /// `write_buffer_with`, which returns `None` on a destroyed or lost device (wgpu checks the
-    /// device first, and keeps device-lost errors out of its error handlers): that is how a
-    /// small upload notices a loss without the poll every other call makes up front, which on
-    /// GL takes the context lock and costs more than a 4 KiB upload's own work. On browser
-    /// WebGPU `write_buffer` copies straight out of wasm memory, and the device's `lost`
-    /// promise reports a loss: it polls first as every call does.
-    fn upload_small(
-        &self,
-        dst: &wgpu::Buffer,
-        at: u64,
-        parts: &[&[u8]],
-        size: wgpu::BufferSize,
-    ) -> Result<()> {
-        let total = size.get();
-        if !self.belt.core {
-            self.check_lost()?;
-        }
-        // Where wgpu-core runs, out of memory for the queue's staging is caught here, so `None`
-        // below is a device that is no longer valid. (On browser WebGPU a scope is a round trip
-        // into JS, and `write_buffer` is checked up front: no scope, as for every copy there.)
-        let raises = if self.belt.core { Raises::ValidationOrOom } else { Raises::Validation };
-        let written = self.scoped("devalloc small upload", total, raises, || match parts {
-            [whole] if !self.belt.core => {
-                self.queue.write_buffer(dst, at, whole);
-                true
-            }
-            _ => {
-                let Some(mut view) = self.queue.write_buffer_with(dst, at, size) else {
-                    return false;
-                };
-                let mut filled = 0;
-                for p in parts {
-                    view.slice(filled..filled + p.len()).copy_from_slice(p);
-                    filled += p.len();
-                }
-                true
-            }
-        })?;
-        if !written {
-            // Where wgpu-core runs, every other refusal was caught by the scope: the device is
-            // no longer valid, and reports its loss once its queue is done. (On browser WebGPU
-            // nothing was scoped: say only that wgpu refused.)
-            if !self.belt.core {
-                return Err(self.backend_error("small upload", "wgpu refused the write"));
-            }
-            return Err(self.settle_loss());
-        }
-        self.note_queued_write();
-        let belt = &self.belt;
-        let before = belt.pending_small.fetch_add(total, Ordering::Relaxed);
-        if before + total >= FLUSH_PENDING {
-            belt.pending_small.store(0, Ordering::Relaxed);
-            self.flush_queued_writes();
-        }
-        Ok(())
-    }
-
-    /// Uploads the bytes of `parts` (concatenated, whole words) to `dst[at..]`: small ones
-    /// through the queue, large ones through the belt.
-    pub(crate) async fn upload_aligned(
-        &self,
-        dst: &wgpu::Buffer,
-        at: u64,
-        parts: &[&[u8]],
-        mode: Mode,
-    ) -> Result<()> {
-        let total: u64 = parts.iter().map(|p| p.len() as u64).sum();
-        debug_assert!(at.is_multiple_of(COPY_ALIGN) && total.is_multiple_of(COPY_ALIGN));
-        let Some(size) = wgpu::BufferSize::new(total) else { return Ok(()) };
-        let belt = &self.belt;
-        if total <= belt.small_upload {
-            return self.upload_small(dst, at, parts, size);
-        }
-        // The chunks below do not wait, and on a destroyed device wgpu drops them silently. In
-        // the browser's WebGPU a loss is known from the device's `lost` promise: look first.
-        // Where wgpu-core runs, its refusal to map a staging buffer again says it (below).
-        if !self.belt.core {
-            self.check_lost()?;
-        }
-        let mut src = Pieces::new(parts);
-        let mut done = 0;
-        let mut remapped = None;
-        while done < total {
-            let n = (total - done).min(belt.chunk);
-            let staging = belt.take_upload(self, mode).await?;
-            {
-                let mut view = staging
-                    .buffer
-                    .get_mapped_range_mut(0..n)
-                    // A buffer made on a device that is no longer valid is invalid itself.
-                    .map_err(|e| {
-                        log::debug!("devalloc: upload staging: {e}");
-                        self.settle_loss()
-                    })?;
-                let mut filled = 0usize;
-                while (filled as u64) < n {
-                    let piece = src.next_piece((n as usize) - filled);
-                    view.slice(filled..filled + piece.len()).copy_from_slice(piece);
-                    filled += piece.len();
-                }
-            }
-            self.unmap(&staging.buffer);
-            let index = self.submit("devalloc upload", |enc| {
-                enc.copy_buffer_to_buffer(&staging.buffer, 0, dst, at + done, n)
-            })?;
-            remapped = belt.recycle_upload(self, staging, index);
-            done += n;
-            if done < total && mode == Mode::Async {
-                yield_now().await;
-            }
-        }
-        match remapped {
-            Some(true) => Ok(()),
-            // wgpu refused to map the staging again: the device is gone.
-            Some(false) => Err(self.settle_loss()),
-            // Not asked (past the budget), or the browser's WebGPU: poll for a loss.
-            None => self.check_lost(),
-        }
-    }
-
-    /// Writes `src` at `offset`, keeping the bytes around a ragged range.
-    pub(crate) async fn write_staged(
-        &self,
-        block: &WgpuBlock,
-        offset: u64,
-        src: &[u8],
-        mode: Mode,
-    ) -> Result<()> {
-        let end = offset + src.len() as u64;
-        let (a0, a1) = (floor4(offset), ceil4(end));
-        if a0 == offset && a1 == end {
-            return self.upload_aligned(&block.buffer, offset, &[src], mode).await;
-        }
-        // Ragged: read the edge words, merge, write the whole words. The lock keeps two
-        // ragged writes that share a word from undoing each other.
-        let _guard = block.lock.lock().await;
-        let (head_len, tail_len) = ((offset - a0) as usize, (a1 - end) as usize);
-        let mut head = [0u8; 4];
-        let mut tail = [0u8; 4];
-        if a1 - a0 == 4 {
-            // One word holds the whole range.
-            self.read_staged(block, a0, &mut head, mode).await?;
-            head[head_len..head_len + src.len()].copy_from_slice(src);
-            return self.upload_aligned(&block.buffer, a0, &[&head], mode).await;
-        }
-        if head_len > 0 {
-            self.read_staged(block, a0, &mut head, mode).await?;
-        }
-        if tail_len > 0 {
-            self.read_staged(block, a1 - 4, &mut tail, mode).await?;
-        }
-        self.upload_aligned(&block.buffer, a0, &[&head[..head_len], src, &tail[4 - tail_len..]], mode).await
-    }
-
-    /// Reads `dst.len()` bytes at `offset` through staging, chunked and pipelined.
-    pub(crate) async fn read_staged(
-        &self,
-        block: &WgpuBlock,
-        offset: u64,
-        dst: &mut [u8],
-        mode: Mode,
-    ) -> Result<()> {
-        let end = offset + dst.len() as u64;
-        let (a0, a1) = (floor4(offset), ceil4(end));
-        let total = a1 - a0;
-        let belt = &self.belt;
-        let mut inflight = VecDeque::new();
-        let mut pos = 0;
-        while pos < total || !inflight.is_empty() {
-            while pos < total && inflight.len() < PIPELINE_DEPTH {
-                let n = (total - pos).min(belt.chunk);
-                let staging = belt.take_download(self, n)?;
-                let index = self.submit("devalloc download", |enc| {
-                    enc.copy_buffer_to_buffer(&block.buffer, a0 + pos, &staging.buffer, 0, n)
-                })?;
-                let mapped = self.map(&staging.buffer, wgpu::MapMode::Read, 0..n)?;
-                inflight.push_back((staging, pos, n, mapped, index));
-                pos += n;
-                // Async: one step per poll, a submission (which a software device may run
-                // inline) or a chunk's copy-out, so the pipeline fills over a few polls.
-                if mode == Mode::Async && inflight.len() < PIPELINE_DEPTH && pos < total {
-                    yield_now().await;
-                }
-            }
-            let Some((staging, cpos, n, mapped, index)) = inflight.pop_front() else { break };
-            self.wait_mapped(mapped, Some(index), mode).await?;
-            {
-                let view = staging
-                    .buffer
-                    .get_mapped_range(0..n)
-                    .map_err(|e| self.backend_error("download staging", e))?;
-                // The chunk covers [a0 + cpos, a0 + cpos + n); keep its part inside [offset, end).
-                let lo = (a0 + cpos).max(offset);
-                let hi = (a0 + cpos + n).min(end);
-                dst[(lo - offset) as usize..(hi - offset) as usize]
-                    .copy_from_slice(&view[(lo - a0 - cpos) as usize..(hi - a0 - cpos) as usize]);
-            }
-            self.unmap(&staging.buffer);
-            belt.return_download(staging);
-            if (pos < total || !inflight.is_empty()) && mode == Mode::Async {
-                yield_now().await;
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Walks a list of byte slices as one stream.
-struct Pieces<'a> {
-    parts: &'a [&'a [u8]],
-    part: usize,
-    at: usize,
-}
-
-impl<'a> Pieces<'a> {
-    fn new(parts: &'a [&'a [u8]]) -> Self {
-        Pieces { parts, part: 0, at: 0 }
-    }
-
-    /// The next contiguous piece, at most `max` bytes.
-    fn next_piece(&mut self, max: usize) -> &'a [u8] {
-        while self.part < self.parts.len() && self.at == self.parts[self.part].len() {
-            self.part += 1;
-            self.at = 0;
-        }
-        let Some(p) = self.parts.get(self.part) else { return &[] };
-        let n = (p.len() - self.at).min(max);
-        let piece = &p[self.at..self.at + n];
-        self.at += n;
-        piece
     }
 }

@@ -154,13 +154,13 @@ impl WgpuAllocator {
             storage_size: l.max_storage_buffer_binding_size,
             uniform_size: l.max_uniform_buffer_binding_size,
         };
-        BufferRange { buffer, range, device: s.id, limits, lost: Arc::clone(&s.lost) }
+        BufferRange { buffer, range, device: s.gpu.id, limits, lost: Arc::clone(&s.gpu.lost) }
     }
 
     /// The buffer behind `ptr`, from `ptr` to the end of its allocation.
     pub fn buffer(&self, ptr: DevicePtr, index: DeviceIndex) -> Result<BufferRange> {
         let pool = self.0.pool(index)?;
-        pool.storage().check_lost()?;
+        pool.storage().gpu.check_lost()?;
         let r = pool.block_at(ptr, 0).map_err(|e| self.0.foreign(index, ptr, e))?;
         r.block.exposed.store(true, std::sync::atomic::Ordering::Release);
         let range = r.offset..r.offset + r.available;
@@ -170,7 +170,7 @@ impl WgpuAllocator {
     /// The buffer behind `len` bytes at `ptr`, checked against the allocation.
     pub fn buffer_range(&self, ptr: DevicePtr, len: u64, index: DeviceIndex) -> Result<BufferRange> {
         let pool = self.0.pool(index)?;
-        pool.storage().check_lost()?;
+        pool.storage().gpu.check_lost()?;
         let r = pool.block_at(ptr, len).map_err(|e| self.0.foreign(index, ptr, e))?;
         r.block.exposed.store(true, std::sync::atomic::Ordering::Release);
         Ok(self.range_of(pool.storage(), r.block.buffer.clone(), r.offset..r.offset + len))
@@ -227,7 +227,7 @@ impl WgpuAllocator {
         }
         let s = pool.storage();
         let r = pool.block_at(ptr, len).map_err(|e| self.0.foreign(index, ptr, e))?;
-        s.check_lost()?;
+        s.gpu.check_lost()?;
         let (usage, flag) = if to_app {
             (wgpu::BufferUsages::COPY_DST, "COPY_DST")
         } else {
@@ -237,7 +237,7 @@ impl WgpuAllocator {
             Err(Error::invalid_argument(format!(
                 "copying {len} bytes {} an app buffer on {}: {why}",
                 if to_app { "to" } else { "from" },
-                s.id
+                s.gpu.id
             )))
         };
         if !aligned(app_offset, len) || !aligned(r.offset, 0) {
@@ -255,13 +255,14 @@ impl WgpuAllocator {
         let ours = &r.block.buffer;
         // On the direct route the buffer may be mapped by a copy right now: wait for it.
         let _guard = (s.route == Route::Direct).then(|| run_blocking(r.block.lock.lock()));
-        s.submit("devalloc app-buffer copy", |enc| {
-            if to_app {
-                enc.copy_buffer_to_buffer(ours, r.offset, app, app_offset, len)
-            } else {
-                enc.copy_buffer_to_buffer(app, app_offset, ours, r.offset, len)
-            }
-        })
-        .map(drop)
+        s.gpu
+            .submit("devalloc app-buffer copy", |enc| {
+                if to_app {
+                    enc.copy_buffer_to_buffer(ours, r.offset, app, app_offset, len)
+                } else {
+                    enc.copy_buffer_to_buffer(app, app_offset, ours, r.offset, len)
+                }
+            })
+            .map(drop)
     }
 }

@@ -3,7 +3,7 @@
 //! host in chunks; and clearing. Each takes the blocks' locks, which keep mapped copies (the
 //! direct route) and ragged writes (read, merge, write back) from interleaving with them.
 
-use super::platform;
+use super::platform::{Current, Platform};
 use super::storage::{aligned, WgpuBlock, WgpuStorage};
 use crate::bounce::{yield_now, Mode, BOUNCE_CHUNK};
 use crate::error::{Error, Result};
@@ -57,7 +57,7 @@ impl WgpuStorage {
         len: u64,
         mode: Mode,
     ) -> Result<()> {
-        self.check_lost()?;
+        self.gpu.check_lost()?;
         let same = std::ptr::eq(src, dst);
         // Keep the buffers from being mapped while the copy is queued; lock in address order
         // so that two opposite copies cannot deadlock.
@@ -67,13 +67,13 @@ impl WgpuStorage {
         let _g2 = if same { None } else { Some(self.lock_block(second, mode).await?) };
         if same {
             let usage = wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
-            let tmp = self.create("devalloc d2d temporary", len, usage, false)?;
-            self.submit("devalloc d2d", |enc| {
+            let tmp = self.gpu.create("devalloc d2d temporary", len, usage, false)?;
+            self.gpu.submit("devalloc d2d", |enc| {
                 enc.copy_buffer_to_buffer(&src.buffer, so, &tmp, 0, len);
                 enc.copy_buffer_to_buffer(&tmp, 0, &dst.buffer, d_o, len);
             })?;
         } else {
-            self.submit("devalloc d2d", |enc| {
+            self.gpu.submit("devalloc d2d", |enc| {
                 enc.copy_buffer_to_buffer(&src.buffer, so, &dst.buffer, d_o, len)
             })?;
         }
@@ -87,10 +87,10 @@ impl WgpuStorage {
         block: &'a WgpuBlock,
         mode: Mode,
     ) -> Result<async_lock::MutexGuard<'a, ()>> {
-        if mode == Mode::Blocking && !platform::CAN_BLOCK {
+        if mode == Mode::Blocking && !Current::CAN_BLOCK {
             return block.lock.try_lock().ok_or_else(|| Error::NotSupported {
                 operation: "a blocking copy on memory an async copy is still using",
-                device_type: self.id.device_type,
+                device_type: self.gpu.id.device_type,
                 reason: "the browser cannot block: await the async copy first, or use the async form".into(),
             });
         }
@@ -99,8 +99,8 @@ impl WgpuStorage {
 
     /// Clears `len` bytes at `offset` (both multiples of 4) to zero on the GPU.
     pub(crate) async fn clear(&self, block: &WgpuBlock, offset: u64, len: u64, mode: Mode) -> Result<()> {
-        self.check_lost()?;
+        self.gpu.check_lost()?;
         let _guard = self.lock_block(block, mode).await?;
-        self.submit("devalloc clear", |enc| enc.clear_buffer(&block.buffer, offset, Some(len))).map(drop)
+        self.gpu.submit("devalloc clear", |enc| enc.clear_buffer(&block.buffer, offset, Some(len))).map(drop)
     }
 }

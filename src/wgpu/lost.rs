@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use super::options::DeviceLostHandler;
-use super::platform;
+use super::platform::{Current, Platform};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::sync::lock;
@@ -96,7 +96,7 @@ impl Loss {
     /// [`Error::DeviceLost`] if the device is lost, after a poll that does not block (which
     /// fires the lost callback on an idle device that was destroyed or lost).
     pub fn check(&self) -> Result<()> {
-        if !self.is_lost() && !platform::poll_now(&self.device) {
+        if !self.is_lost() && !Current::poll_now(&self.device) {
             self.after_panic("polling the device");
         }
         if self.is_lost() {
@@ -111,7 +111,7 @@ impl Loss {
         if let Err(e) = &r {
             // A poll on another thread may have failed this call (a destroyed device's buffers
             // go first) and be about to run the lost callback: let it finish.
-            platform::finish_polls();
+            Current::finish_polls();
             self.check()?;
             // wgpu refused something, and has not reported a loss: a device destroyed with
             // work still queued is invalid at once but reported only once that work is done.
@@ -127,8 +127,8 @@ impl Loss {
     /// returns it. If wgpu still has not reported it, devalloc records the loss itself.
     pub fn settle(&self) -> Error {
         if !self.is_lost() {
-            platform::finish_polls();
-            if !platform::poll_until_idle(&self.device) {
+            Current::finish_polls();
+            if !Current::poll_until_idle(&self.device) {
                 self.after_panic("polling the device");
             }
         }
@@ -151,8 +151,7 @@ impl Loss {
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let refused = probe.queue.write_buffer_with(&probe.buffer, 0, size).is_none();
         let (oom, validation) = (oom.pop(), validation.pop());
-        let caught =
-            platform::settle(async { oom.await.or(validation.await) }, self.id, "probing the device");
+        let caught = Current::settle(async { oom.await.or(validation.await) }, self.id, "probing the device");
         Some(refused && caught.is_none())
     }
 
@@ -181,7 +180,7 @@ impl LostRecord {
     /// device's lost callback. An `on_lost` handler for a device that already has one is refused.
     fn of(device: &wgpu::Device, on_lost: Option<DeviceLostHandler>) -> Result<Arc<LostRecord>> {
         let mut handler = on_lost;
-        let record = platform::record_of(device, |serial| {
+        let record = Current::record_of(device, |serial| {
             let record = Arc::new(LostRecord {
                 lost: AtomicBool::new(false),
                 reason: Mutex::new(String::new()),
@@ -237,7 +236,7 @@ impl Probe {
     /// The probe of `device`, where wgpu-core runs it (so that it refuses work on an invalid
     /// device at once); made inside error scopes, so a refusal never reaches the app's handler.
     fn new(device: &wgpu::Device, queue: &wgpu::Queue, id: Device) -> Option<Probe> {
-        if !platform::wgpu_core_inside(&device.adapter_info()) {
+        if !Current::wgpu_core_inside(&device.adapter_info()) {
             return None;
         }
         let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
@@ -249,14 +248,13 @@ impl Probe {
             mapped_at_creation: false,
         });
         let (oom, validation) = (oom.pop(), validation.pop());
-        let caught =
-            platform::settle(async { oom.await.or(validation.await) }, id, "making the probe buffer");
+        let caught = Current::settle(async { oom.await.or(validation.await) }, id, "making the probe buffer");
         caught.is_none().then(|| Probe { queue: queue.clone(), buffer })
     }
 }
 
 impl Drop for LostRecord {
     fn drop(&mut self) {
-        platform::forget_record(self.serial);
+        Current::forget_record(self.serial);
     }
 }

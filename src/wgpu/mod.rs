@@ -66,20 +66,23 @@
 //!
 //! # Inside
 //!
-//! `allocator.rs` (the allocator, its requests), `options.rs` (options, route choice),
-//! `storage.rs` (the `Storage` impl), `belt.rs` (staged copies), `direct.rs` (mapped copies),
-//! `copy.rs` (between blocks), `binding.rs` (bindings, app buffers), `scope.rs` (error
-//! scopes), `lost.rs` (is this failure a device loss?), `platform/` (native vs web).
+//! `allocator.rs` (the allocator, its requests), `options.rs` (options, route choice, the
+//! backend's tuning), `storage.rs` (the `Storage` impl: blocks, routes, ragged writes),
+//! `gpu.rs` (one device and devalloc's calls on it, in error scopes), `lost.rs` (is this
+//! failure a device loss?), `belt.rs` and `staged.rs` (the staging belt and its protocols),
+//! `direct.rs` (mapped copies), `copy.rs` (between blocks), `binding.rs` (bindings, app
+//! buffers), `platform/` (native vs web, behind one trait).
 
 mod allocator;
 mod belt;
 mod binding;
 mod copy;
 mod direct;
+mod gpu;
 mod lost;
 mod options;
 mod platform;
-mod scope;
+mod staged;
 pub(crate) mod storage;
 
 /// The wgpu crate devalloc speaks (major version 30): use these types with devalloc, and

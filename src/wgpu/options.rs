@@ -3,6 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use super::platform::{Current, Platform};
 use crate::device::DeviceType;
 use crate::error::{Error, Result};
 use crate::pool::PoolOptions;
@@ -132,12 +133,59 @@ pub(crate) fn choose_route(
     }
 }
 
-/// The staging chunk of a device: the option, else by adapter type; within the device's
-/// largest buffer and at least 64 KiB where the device allows it.
-pub(crate) fn staging_chunk(options: &WgpuOptions, info: &wgpu::AdapterInfo, max_buffer: u64) -> u64 {
-    let auto = super::platform::default_chunk(info);
-    let want = options.staging_chunk.unwrap_or(auto).max(64 << 10);
-    want.min(max_buffer).max(4) & !3
+/// How the staged route is tuned for one adapter: the backend's choices, measured (each
+/// field says where), which differ between native and the browser.
+pub(crate) struct Tuning {
+    /// Bytes of one staging buffer: one chunk of a large copy (see [`WgpuOptions::staging_chunk`]).
+    pub chunk: u64,
+    /// Uploads up to this size go through the queue's own staging (`write_buffer_with`, or
+    /// `write_buffer` on browser WebGPU).
+    pub small_upload: u64,
+    /// Downloads up to this size get a staging buffer of their own (not one kept from an
+    /// earlier download).
+    pub fresh_downloads: u64,
+}
+
+impl Tuning {
+    /// The tuning of `info`'s adapter under `options`, within `max_buffer`.
+    pub(crate) fn of(options: &WgpuOptions, info: &wgpu::AdapterInfo, max_buffer: u64) -> Self {
+        let gl = info.backend == wgpu::Backend::Gl;
+        let browser = Current::IN_BROWSER;
+        // The chunk, when the options name none. Native: 4 MiB where the host shares the
+        // adapter's memory, 8 MiB elsewhere (lavapipe, 2 cores, against a StagingBelt as large
+        // as the whole transfer: with 8 chunks of staging, 2 MiB chunks lose at 256 MiB, 0.55x:
+        // the queue cannot keep up with that many submissions; 4 and 8 MiB win at 16-256 MiB).
+        // Browser: 64 MiB, as every map is a round trip to the GPU process.
+        let auto = match (browser, unified(info.device_type)) {
+            (true, _) => 64 << 20,
+            (false, true) => 4 << 20,
+            (false, false) => 8 << 20,
+        };
+        let want = options.staging_chunk.unwrap_or(auto).max(64 << 10);
+        let chunk = want.min(max_buffer).max(4) & !3;
+        // Small uploads. Native Vulkan & co.: the queue's staging up to 1 MiB (1.00-1.05x
+        // `write_buffer` against 0.86-0.94x through the belt, lavapipe). Native GL: never
+        // (`write_buffer_with` makes a GL buffer per call; the belt measured 0.93-0.99x
+        // `StagingBelt` at 4 KiB-1 MiB against 0.86-0.96x). Browser WebGPU: always
+        // (`writeBuffer` copies straight out of wasm memory: the fastest upload at every size).
+        // WebGL2: up to 4 MiB (the queue's staging wins up to 1 MiB, the belt from 16 MiB: the
+        // page's bench).
+        let small_upload = match (browser, gl) {
+            (false, false) => 1 << 20,
+            (false, true) => 0,
+            (true, false) => u64::MAX,
+            (true, true) => 4 << 20,
+        };
+        // Fresh download staging: only on WebGL2, up to 1 MiB. There a map for reading reads
+        // back the whole buffer (wgpu-hal emulates mapping with `getBufferSubData`), and
+        // Chromium drops the shadow copy it keeps to speed that up once a buffer is written
+        // again, so a small read through a kept (larger, reused) buffer is slower than through a
+        // fresh one of its size (the page's bench: 4 KiB 0.002 vs 0.007 GB/s, 1 MiB 0.29 vs
+        // 0.44), while from 16 MiB making the buffer costs more (0.59 fresh vs 1.13 reused).
+        // Natively reusing them is what makes small reads fast.
+        let fresh_downloads = if browser && gl { 1 << 20 } else { 0 };
+        Tuning { chunk, small_upload, fresh_downloads }
+    }
 }
 
 /// The [`DeviceType`] of a wgpu backend, or `None` for backends without device memory (noop).

@@ -1,19 +1,15 @@
 //! [`WgpuStorage`]: wgpu buffers of one device as a [`Storage`] for the generic pool.
 //!
-//! The copies themselves live in `belt.rs` (staged), `direct.rs` (mapped buffers) and
-//! `copy.rs` (between blocks); every wait goes through the platform seam, and every wgpu call
-//! through `scope.rs`.
+//! It holds the device ([`Gpu`], `gpu.rs`), the staging belt (`belt.rs`, `staged.rs`) and the
+//! route, and sends each copy the route's way: staged through the belt, or by mapping the
+//! block itself (`direct.rs`); copies between blocks are in `copy.rs`.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-
-use futures_channel::oneshot;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::belt::Belt;
-use super::lost::Loss;
-use super::options::{staging_chunk, Route, WgpuOptions};
-use super::platform::{self, MustWait, Waiter};
-use super::scope::Raises;
+use super::gpu::Gpu;
+use super::options::{Route, Tuning, WgpuOptions};
+use super::platform::{blocking_allowed, Current, MustWait, Platform};
 use crate::allocator::BoxFuture;
 use crate::bounce::{run_blocking, Mode};
 use crate::device::Device;
@@ -36,9 +32,6 @@ pub(crate) fn aligned(offset: u64, len: u64) -> bool {
     (offset | len).is_multiple_of(COPY_ALIGN)
 }
 
-/// The result a map callback reports.
-pub(crate) type MapResult = std::result::Result<(), wgpu::BufferAsyncError>;
-
 /// One wgpu buffer, and the lock that keeps apart what must not overlap on it: mapping it
 /// (direct route) and GPU copies queued on it, and two ragged writes that share a word.
 pub struct WgpuBlock {
@@ -46,11 +39,11 @@ pub struct WgpuBlock {
     pub(crate) lock: async_lock::Mutex<()>,
     /// The buffer has been handed to the app (`WgpuAllocator::buffer` / `buffer_range`), which
     /// may then map or destroy it itself: from then on devalloc's maps of it run in an error
-    /// scope (see `WgpuStorage::map_block`). Never cleared: the app may keep its handle.
-    pub(crate) exposed: std::sync::atomic::AtomicBool,
+    /// scope. Never cleared: the app may keep its handle.
+    pub(crate) exposed: AtomicBool,
     /// A copy on this exposed buffer failed while the device was fine: the app has destroyed
     /// or mapped it. Freed, it is dropped rather than cached for the next allocation.
-    pub(crate) spoiled: std::sync::atomic::AtomicBool,
+    spoiled: AtomicBool,
 }
 
 /// Per-allocation choices of a wgpu buffer: its usage (bits of `wgpu::BufferUsages`).
@@ -68,23 +61,13 @@ impl WgpuParams {
 
 /// wgpu buffers on one device, as a [`Storage`] for the generic pool.
 pub struct WgpuStorage {
-    pub(crate) device: wgpu::Device,
-    pub(crate) queue: wgpu::Queue,
-    pub(crate) id: Device,
-    pub(crate) info: wgpu::AdapterInfo,
-    pub(crate) limits: wgpu::Limits,
+    pub(super) gpu: Gpu,
+    pub(super) belt: Belt,
+    pub(super) route: Route,
+    pub(super) limits: wgpu::Limits,
     /// Usage of a buffer allocated without one of its own, copy (and map) flags included.
-    pub(crate) default_usage: wgpu::BufferUsages,
-    pub(crate) route: Route,
-    pub(crate) belt: Belt,
-    pub(crate) lost: Arc<Loss>,
-    pub(crate) waiter: Waiter,
+    default_usage: wgpu::BufferUsages,
     max_buffer: u64,
-    /// Small uploads written into the queue's staging so far; they reach the GPU with the next
-    /// submission (anyone's).
-    queued_writes: AtomicU64,
-    /// How many of those a submission of devalloc's has carried at least.
-    flushed_writes: AtomicU64,
 }
 
 impl WgpuStorage {
@@ -97,29 +80,12 @@ impl WgpuStorage {
         route: Route,
         options: &WgpuOptions,
     ) -> Result<Self> {
-        let lost = Loss::of(&device, &queue, id, options.on_device_lost.clone())?;
-        let info = device.adapter_info();
         let limits = device.limits();
         let max_buffer = floor4(limits.max_buffer_size);
-        let chunk = staging_chunk(options, &info, max_buffer);
-        let belt = Belt::new(&info, chunk, options.staging_budget, max_buffer);
-        let waiter = Waiter::new(&device, &lost);
+        let gpu = Gpu::new(device, queue, id, options.on_device_lost.clone())?;
+        let belt = Belt::new(&Tuning::of(options, &gpu.info, max_buffer), options.staging_budget, max_buffer);
         let default_usage = Self::full_usage(route, options.usage);
-        Ok(WgpuStorage {
-            device,
-            queue,
-            id,
-            info,
-            limits,
-            default_usage,
-            route,
-            belt,
-            lost,
-            waiter,
-            max_buffer,
-            queued_writes: AtomicU64::new(0),
-            flushed_writes: AtomicU64::new(0),
-        })
+        Ok(WgpuStorage { gpu, belt, route, limits, default_usage, max_buffer })
     }
 
     /// `usage` plus what devalloc needs: copies both ways, and mapping on the direct route.
@@ -131,182 +97,15 @@ impl WgpuStorage {
         usage
     }
 
-    /// The route host<->device copies take.
-    pub fn route(&self) -> Route {
-        self.route
-    }
-
-    /// [`crate::Error::DeviceLost`] once the device is lost (polls first, without blocking).
-    pub(crate) fn check_lost(&self) -> Result<()> {
-        self.lost.check()
-    }
-
-    /// A buffer made inside error scopes.
-    pub(crate) fn create(
-        &self,
-        label: &str,
-        size: u64,
-        usage: wgpu::BufferUsages,
-        mapped: bool,
-    ) -> Result<wgpu::Buffer> {
-        self.scoped(label, size, Raises::ValidationOrOom, || {
-            self.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some(label),
-                size,
-                usage,
-                mapped_at_creation: mapped,
-            })
-        })
-    }
-
-    /// Encodes with `encode` and submits, inside error scopes.
-    pub(crate) fn submit(
-        &self,
-        what: &str,
-        encode: impl FnOnce(&mut wgpu::CommandEncoder),
-    ) -> Result<wgpu::SubmissionIndex> {
-        self.scoped(what, 0, Raises::Validation, || {
-            let mut enc =
-                self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(what) });
-            encode(&mut enc);
-            self.submit_flushing(enc.finish())
-        })
-    }
-
-    /// Submits `commands`, which carries every small upload queued before it.
-    pub(crate) fn submit_flushing(&self, commands: wgpu::CommandBuffer) -> wgpu::SubmissionIndex {
-        let queued = self.queued_writes.load(Ordering::Acquire);
-        let index = self.queue.submit([commands]);
-        self.flushed_writes.fetch_max(queued, Ordering::AcqRel);
-        index
-    }
-
-    /// Notes a small upload written into the queue's staging.
-    pub(crate) fn note_queued_write(&self) {
-        self.queued_writes.fetch_add(1, Ordering::AcqRel);
-    }
-
-    /// Submits nothing but the queue's pending writes, if devalloc queued any since its last
-    /// submission (otherwise there is nothing of devalloc's to flush: on GL an empty submission
-    /// costs a fence, a few microseconds).
-    pub(crate) fn flush_queued_writes(&self) {
-        let queued = self.queued_writes.load(Ordering::Acquire);
-        if queued > self.flushed_writes.load(Ordering::Acquire) {
-            self.queue.submit([]);
-            self.flushed_writes.fetch_max(queued, Ordering::AcqRel);
-        }
-    }
-
-    /// Asks for `buffer[range]` to be mapped (inside an error scope: a destroyed buffer is an
-    /// error, not a panic); the receiver gets the callback's result.
-    pub(crate) fn map(
-        &self,
-        buffer: &wgpu::Buffer,
-        mode: wgpu::MapMode,
-        range: std::ops::Range<u64>,
-    ) -> Result<oneshot::Receiver<MapResult>> {
-        let (tx, rx) = oneshot::channel();
-        self.map_with(buffer, mode, range, move |r| {
-            let _ = tx.send(r);
-        })?;
-        Ok(rx)
-    }
-
-    /// [`WgpuStorage::map`] with a callback of the caller's.
-    pub(crate) fn map_with(
-        &self,
-        buffer: &wgpu::Buffer,
-        mode: wgpu::MapMode,
-        range: std::ops::Range<u64>,
-        callback: impl FnOnce(MapResult) + wgpu::WasmNotSend + 'static,
-    ) -> Result<()> {
-        self.scoped("mapping a buffer", 0, Raises::Validation, || buffer.map_async(mode, range, callback))
-    }
-
-    /// Asks for `block[range]` to be mapped, for the direct route. Only a buffer the app holds
-    /// (`exposed`) gets an error scope: wgpu-core checks the device before anything else and
-    /// keeps a lost device's refusal out of every error handler, devalloc's maps of a block are
-    /// serialized by its lock and the range and usage are right by construction, so a map of a
-    /// buffer no one else holds cannot raise an error (wgpu hands the callback the refusal of a
-    /// lost device). The one gap is a race of a few instructions inside wgpu: the app destroys
-    /// the device, and another thread's poll releases its buffers, between wgpu's validity check
-    /// and its destroyed check; the error would then reach the app's handler. A scope costs
-    /// ~40-60 ns (wgpu locks its error sink and looks up the thread's scope stack, twice).
-    pub(crate) fn map_block(
-        &self,
-        block: &WgpuBlock,
-        mode: wgpu::MapMode,
-        range: std::ops::Range<u64>,
-        callback: impl FnOnce(MapResult) + wgpu::WasmNotSend + 'static,
-    ) -> Result<()> {
-        if block.exposed.load(std::sync::atomic::Ordering::Acquire) || !platform::SCOPE_CHECKED_WORK {
-            return self.map_with(&block.buffer, mode, range, callback);
-        }
-        if self.lost.is_lost() {
-            return Err(self.lost.error());
-        }
-        block.buffer.map_async(mode, range, callback);
-        Ok(())
-    }
-
-    /// Unmaps `buffer` inside an error scope (after a loss, unmapping a destroyed buffer is a
-    /// validation error that must not reach the app's handler); what it catches is logged.
-    pub(crate) fn unmap(&self, buffer: &wgpu::Buffer) {
-        if self.lost.is_lost() {
-            return;
-        }
-        if let Err(e) = self.scoped("unmapping a buffer", 0, Raises::Validation, || buffer.unmap()) {
-            log::debug!("devalloc: {e}");
-        }
-    }
-
-    /// Waits for a map callback and turns a failed map into an error.
-    pub(crate) async fn wait_mapped(
-        &self,
-        rx: oneshot::Receiver<MapResult>,
-        index: Option<wgpu::SubmissionIndex>,
-        mode: Mode,
-    ) -> Result<()> {
-        let mapped = platform::wait(self, rx, index, mode, false).await?;
-        mapped.map_err(|e| self.backend_error("mapping a buffer", e))
-    }
-
-    /// Flushes queued work and returns once the GPU has finished it.
-    pub(crate) async fn sync_with(&self, mode: Mode) -> Result<()> {
-        // The wait polls, which reports a loss (see `read_with`): no poll up front.
-        if self.lost.is_lost() {
-            return Err(self.lost.error());
-        }
-        let (tx, rx) = oneshot::channel();
-        self.flush_queued_writes();
-        self.queue.on_submitted_work_done(move || {
-            let _ = tx.send(());
-        });
-        let r = platform::wait(self, rx, None, mode, false).await;
-        self.or_lost(r)?;
-        // One poll can run the work-done callback before the lost one (wgpu fires them in that
-        // order): a device destroyed before this call has finished "its" work, and is lost.
-        if self.lost.is_lost() {
-            return Err(self.lost.error());
-        }
-        Ok(())
-    }
-
-    /// `r`, or [`crate::Error::DeviceLost`] when it failed because the device is lost (the
-    /// decision is `lost.rs`'s).
-    pub(crate) fn or_lost<T>(&self, r: Result<T>) -> Result<T> {
-        self.lost.or_lost(r)
-    }
-
     /// Waits for all submitted work (blocking; in the browser: `NotSupported`, use the async).
     pub(crate) fn synchronize(&self) -> Result<()> {
-        platform::blocking_allowed(self, MustWait::Synchronize)?;
-        run_blocking(self.sync_with(Mode::Blocking))
+        blocking_allowed(self.gpu.id, MustWait::Synchronize)?;
+        run_blocking(self.gpu.synchronize(Mode::Blocking))
     }
 
     /// Writes `src` at `offset` of `block` by the device's route. (The direct route's map
     /// polls anyway, and reports a loss through it; the staged route's uploads notice a loss
-    /// as `upload_aligned` says.)
+    /// as `Belt::upload` says.)
     pub(crate) async fn write_with(
         &self,
         block: &WgpuBlock,
@@ -315,31 +114,13 @@ impl WgpuStorage {
         mode: Mode,
     ) -> Result<()> {
         let r = match self.route {
-            Route::Direct => self.write_direct(block, offset, src, mode).await,
+            Route::Direct => super::direct::write(&self.gpu, self.belt.chunk, block, offset, src, mode).await,
             Route::Staged => {
                 let r = self.write_staged(block, offset, src, mode).await;
-                self.or_lost(r)
+                self.gpu.or_lost(r)
             }
         };
         self.spoil_on(block, r)
-    }
-
-    /// After wgpu refused work because the device is no longer valid: the loss, once wgpu has
-    /// reported it (see `Loss::settle`).
-    pub(crate) fn settle_loss(&self) -> crate::Error {
-        self.lost.settle()
-    }
-
-    /// `r`; a wgpu failure (`Backend`) on a buffer the app holds, on a device that is fine,
-    /// spoils the block (see [`WgpuBlock::spoiled`]).
-    pub(crate) fn spoil_on<T>(&self, block: &WgpuBlock, r: Result<T>) -> Result<T> {
-        if matches!(r, Err(crate::Error::Backend { .. }))
-            && block.exposed.load(Ordering::Acquire)
-            && !self.lost.is_lost()
-        {
-            block.spoiled.store(true, Ordering::Release);
-        }
-        r
     }
 
     /// Reads `dst.len()` bytes at `offset` of `block` by the device's route.
@@ -354,11 +135,52 @@ impl WgpuStorage {
         // callback of a lost device (and a copy or map on one fails): so no poll up front; a
         // failure is named a loss where it is one.
         let r = match self.route {
-            Route::Direct => self.read_direct(block, offset, dst, mode).await,
-            Route::Staged => self.read_staged(block, offset, dst, mode).await,
+            Route::Direct => super::direct::read(&self.gpu, self.belt.chunk, block, offset, dst, mode).await,
+            Route::Staged => self.belt.download(&self.gpu, &block.buffer, offset, dst, mode).await,
         };
-        let r = self.or_lost(r);
+        let r = self.gpu.or_lost(r);
         self.spoil_on(block, r)
+    }
+
+    /// Writes `src` at `offset` through the belt, keeping the bytes around a ragged range.
+    async fn write_staged(&self, block: &WgpuBlock, offset: u64, src: &[u8], mode: Mode) -> Result<()> {
+        let (gpu, belt) = (&self.gpu, &self.belt);
+        let end = offset + src.len() as u64;
+        let (a0, a1) = (floor4(offset), ceil4(end));
+        if a0 == offset && a1 == end {
+            return belt.upload(gpu, &block.buffer, offset, &[src], mode).await;
+        }
+        // Ragged: read the edge words, merge, write the whole words. The lock keeps two
+        // ragged writes that share a word from undoing each other.
+        let _guard = block.lock.lock().await;
+        let (head_len, tail_len) = ((offset - a0) as usize, (a1 - end) as usize);
+        let mut head = [0u8; 4];
+        let mut tail = [0u8; 4];
+        if a1 - a0 == 4 {
+            // One word holds the whole range.
+            belt.download(gpu, &block.buffer, a0, &mut head, mode).await?;
+            head[head_len..head_len + src.len()].copy_from_slice(src);
+            return belt.upload(gpu, &block.buffer, a0, &[&head], mode).await;
+        }
+        if head_len > 0 {
+            belt.download(gpu, &block.buffer, a0, &mut head, mode).await?;
+        }
+        if tail_len > 0 {
+            belt.download(gpu, &block.buffer, a1 - 4, &mut tail, mode).await?;
+        }
+        belt.upload(gpu, &block.buffer, a0, &[&head[..head_len], src, &tail[4 - tail_len..]], mode).await
+    }
+
+    /// `r`; a wgpu failure (`Backend`) on a buffer the app holds, on a device that is fine,
+    /// spoils the block (see [`WgpuBlock::spoiled`]).
+    pub(crate) fn spoil_on<T>(&self, block: &WgpuBlock, r: Result<T>) -> Result<T> {
+        if matches!(r, Err(crate::Error::Backend { .. }))
+            && block.exposed.load(Ordering::Acquire)
+            && !self.gpu.lost.is_lost()
+        {
+            block.spoiled.store(true, Ordering::Release);
+        }
+        r
     }
 }
 
@@ -368,11 +190,12 @@ impl Storage for WgpuStorage {
     const FIXED_LABELS: bool = true;
 
     fn device(&self) -> Device {
-        self.id
+        self.gpu.id
     }
 
     fn name(&self) -> String {
-        format!("{} ({:?}, {:?})", self.info.name, self.info.device_type, self.route)
+        let info = &self.gpu.info;
+        format!("{} ({:?}, {:?})", info.name, info.device_type, self.route)
     }
 
     fn granularity(&self) -> u64 {
@@ -390,7 +213,7 @@ impl Storage for WgpuStorage {
     }
 
     fn check_usable(&self) -> Result<()> {
-        self.check_lost()
+        self.gpu.check_lost()
     }
 
     fn staging_bytes(&self) -> u64 {
@@ -400,7 +223,7 @@ impl Storage for WgpuStorage {
     fn device_memory(&self) -> Option<crate::snapshot::MemoryReport> {
         // wgpu 30 has no query for a device's memory size or budget; its allocator report
         // (where the backend keeps one) says what wgpu itself has allocated.
-        self.device.generate_allocator_report().map(|r| crate::snapshot::MemoryReport {
+        self.gpu.device.generate_allocator_report().map(|r| crate::snapshot::MemoryReport {
             backend_allocated_bytes: Some(r.total_allocated_bytes),
             backend_reserved_bytes: Some(r.total_reserved_bytes),
             ..Default::default()
@@ -418,12 +241,12 @@ impl Storage for WgpuStorage {
             u if u.is_empty() => self.default_usage,
             u => Self::full_usage(self.route, u),
         };
-        let buffer = self.create(label.unwrap_or("devalloc buffer"), capacity, usage, false)?;
+        let buffer = self.gpu.create(label.unwrap_or("devalloc buffer"), capacity, usage, false)?;
         Ok(WgpuBlock {
             buffer,
             lock: async_lock::Mutex::new(()),
-            exposed: Default::default(),
-            spoiled: Default::default(),
+            exposed: AtomicBool::new(false),
+            spoiled: AtomicBool::new(false),
         })
     }
 
@@ -432,20 +255,20 @@ impl Storage for WgpuStorage {
     }
 
     fn write(&self, block: &WgpuBlock, offset: u64, src: &[u8]) -> Result<()> {
-        if self.route == Route::Direct && platform::CAN_BLOCK {
-            let r = self.write_direct_blocking(block, offset, src);
+        if self.route == Route::Direct && Current::CAN_BLOCK {
+            let r = super::direct::write_blocking(&self.gpu, block, offset, src);
             return self.spoil_on(block, r);
         }
         if !aligned(offset, src.len() as u64) && self.route == Route::Staged {
-            platform::blocking_allowed(self, MustWait::RaggedWrite)?;
+            blocking_allowed(self.gpu.id, MustWait::RaggedWrite)?;
         }
         run_blocking(self.write_with(block, offset, src, Mode::Blocking))
     }
 
     fn read(&self, block: &WgpuBlock, offset: u64, dst: &mut [u8]) -> Result<()> {
-        platform::blocking_allowed(self, MustWait::Read)?;
-        if self.route == Route::Direct && platform::CAN_BLOCK {
-            let r = self.read_direct_blocking(block, offset, dst);
+        blocking_allowed(self.gpu.id, MustWait::Read)?;
+        if self.route == Route::Direct && Current::CAN_BLOCK {
+            let r = super::direct::read_blocking(&self.gpu, block, offset, dst);
             return self.spoil_on(block, r);
         }
         run_blocking(self.read_with(block, offset, dst, Mode::Blocking))
@@ -453,7 +276,7 @@ impl Storage for WgpuStorage {
 
     fn copy(&self, src: &WgpuBlock, so: u64, dst: &WgpuBlock, d_o: u64, len: u64) -> Result<()> {
         if !(aligned(so, len) && aligned(d_o, 0)) {
-            platform::blocking_allowed(self, MustWait::RaggedCopy)?;
+            blocking_allowed(self.gpu.id, MustWait::RaggedCopy)?;
         }
         run_blocking(self.copy_with(src, so, dst, d_o, len, Mode::Blocking))
     }

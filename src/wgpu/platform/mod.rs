@@ -1,23 +1,105 @@
 //! Everything in the wgpu backend that differs between native and the browser, behind one
-//! seam: how to wait for a map callback, how an error scope's verdict arrives, how adapters are
-//! found, the table of lost-device records, and which blocking calls are allowed. No other
-//! wgpu file names a platform.
+//! seam: the [`Platform`] trait, which [`Native`] and `Web` implement and the compiler checks
+//! on each target; the rest of the backend names only [`Current`]. Backend tuning (chunk
+//! sizes, which uploads take the queue's staging) is not the platform's: see `options.rs`.
 //!
 //! | | native | browser |
 //! |---|---|---|
 //! | blocking wait | polls the device inline (`device.poll(Wait)`) | refused: [`crate::Error::NotSupported`] naming the async twin |
-//! | async wait | a polling thread per device (short timeouts, `catch_unwind`) wakes the task | WebGPU: the browser's event loop; WebGL2: poll, and yield a browser task (`MessageChannel`) in a loop |
+//! | async wait | a polling thread per device (non-blocking polls, `catch_unwind`) wakes the task | WebGPU: the browser's event loop; WebGL2: poll, and yield a browser task (`MessageChannel`) in a loop |
 //! | error scope verdict | ready at once: an error is returned | arrives later: logged |
 //! | adapters | `enumerate_adapters` | `request_adapter` (WebGL2 with a 1x1 offscreen canvas) |
+
+use std::future::Future;
+use std::sync::Arc;
+
+use futures_channel::oneshot;
+
+use super::gpu::Gpu;
+use super::lost::{Loss, LostRecord};
+use crate::bounce::Mode;
+use crate::device::Device;
+use crate::error::{Error, Result};
 
 #[cfg(native)]
 mod native;
 #[cfg(native)]
-pub(crate) use native::*;
+pub(crate) use native::Native as Current;
 #[cfg(web)]
 mod web;
 #[cfg(web)]
-pub(crate) use web::*;
+pub(crate) use web::Web as Current;
+
+/// What the wgpu backend needs of the platform it runs on.
+pub(crate) trait Platform {
+    /// Whether a blocking call may wait for the GPU here.
+    const CAN_BLOCK: bool;
+    /// Whether devalloc runs inside a browser (the backend's tuning differs there).
+    const IN_BROWSER: bool;
+    /// Whether work devalloc checked up front (copies) still runs inside an error scope: on
+    /// native a scope costs ~60 ns and its verdict is there at once; in the browser it is a
+    /// round trip into JS.
+    const SCOPE_CHECKED_WORK: bool;
+
+    /// What lets async waits be woken.
+    type Waiter;
+
+    /// The waiter of one device.
+    fn waiter(device: &wgpu::Device, lost: &Arc<Loss>) -> Self::Waiter;
+
+    /// Polls without blocking (runs ready callbacks); false when wgpu panicked.
+    fn poll_now(device: &wgpu::Device) -> bool;
+
+    /// Polls until the queue is empty, at most a second where waiting is allowed (one poll in
+    /// the browser); false when wgpu panicked.
+    fn poll_until_idle(device: &wgpu::Device) -> bool;
+
+    /// Returns once no poll of devalloc's on another thread is half-way (its callbacks, a lost
+    /// callback included, have run).
+    fn finish_polls();
+
+    /// The verdict of error scopes, where it can be had now; in the browser it arrives later,
+    /// is logged, and this says `None`.
+    fn settle(
+        verdict: impl Future<Output = Option<wgpu::Error>> + 'static,
+        id: Device,
+        what: &str,
+    ) -> Option<wgpu::Error>;
+
+    /// Every adapter of `backend`.
+    fn adapters(
+        instance: &wgpu::Instance,
+        backend: wgpu::Backend,
+    ) -> impl Future<Output = Vec<wgpu::Adapter>>;
+
+    /// The lost record of `device`, made by `make(serial)` if it has none yet.
+    fn record_of(device: &wgpu::Device, make: impl FnOnce(u64) -> Arc<LostRecord>) -> Arc<LostRecord>;
+
+    /// Drops the table's entry of a record that is going away.
+    fn forget_record(serial: u64);
+
+    /// Waits until `rx` has its value (blocking or not, as `mode` says). `index`: the
+    /// submission the value waits for, if known. `idle_gives_up`: fail once the device has gone
+    /// idle twice without the value (a map of another device's buffer never completes here).
+    fn wait<T>(
+        gpu: &Gpu,
+        rx: oneshot::Receiver<T>,
+        index: Option<wgpu::SubmissionIndex>,
+        mode: Mode,
+        idle_gives_up: bool,
+    ) -> impl Future<Output = Result<T>>;
+
+    /// Waits, blocking, until `take` has the value (`Err`: it never will): for a caller with a
+    /// callback slot of its own.
+    fn wait_blocking<T>(gpu: &Gpu, take: impl FnMut() -> std::result::Result<Option<T>, ()>) -> Result<T>;
+
+    /// Opens devices, blocking where that is allowed.
+    fn open_blocking<T>(open: impl Future<Output = Result<T>>) -> Result<T>;
+
+    /// Whether wgpu-core runs the device here (it then refuses work on a device that is no
+    /// longer valid at once, without reporting it to any error handler).
+    fn wgpu_core_inside(info: &wgpu::AdapterInfo) -> bool;
+}
 
 /// A call that on native waits for the GPU, and so in the browser must be made async.
 #[derive(Clone, Copy, Debug)]
@@ -34,8 +116,7 @@ pub(crate) enum MustWait {
 
 impl MustWait {
     /// The operation and its async twin, for the error message.
-    #[cfg_attr(native, allow(dead_code))]
-    pub(crate) fn names(self) -> (&'static str, &'static str) {
+    fn names(self) -> (&'static str, &'static str) {
         match self {
             MustWait::Read => ("copy_device_to_host", "copy_device_to_host_async"),
             MustWait::RaggedWrite => {
@@ -47,4 +128,20 @@ impl MustWait {
             MustWait::Synchronize => ("synchronize", "synchronize_async"),
         }
     }
+}
+
+/// `Ok` where a blocking call may wait ([`Platform::CAN_BLOCK`]); in the browser, an error that
+/// names the async twin of `what`.
+pub(crate) fn blocking_allowed(id: Device, what: MustWait) -> Result<()> {
+    if Current::CAN_BLOCK {
+        return Ok(());
+    }
+    let (operation, twin) = what.names();
+    Err(Error::NotSupported {
+        operation,
+        device_type: id.device_type,
+        reason: format!(
+            "in the browser this has to wait for the GPU and nothing may block: use {twin} (e.g. {twin}(...).await)"
+        ),
+    })
 }

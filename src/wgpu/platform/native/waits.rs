@@ -1,157 +1,27 @@
-//! The native side of the platform seam (see the parent module).
+//! The polling thread and the waits of native builds.
 
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
+use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use futures_channel::oneshot;
 
-use super::MustWait;
 use crate::bounce::Mode;
-use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::sync::{lock, Unpoisoned};
-use crate::wgpu::lost::{Loss, LostRecord};
-use crate::wgpu::storage::WgpuStorage;
-
-/// Every blocking call is allowed on native.
-pub(crate) fn blocking_allowed(_s: &WgpuStorage, _what: MustWait) -> Result<()> {
-    Ok(())
-}
-
-/// Held (shared) by every short poll devalloc makes: the polling thread's and `poll_now`'s.
-/// A poll fires the callbacks wgpu made ready only after it has already released the device's
-/// buffers; [`finish_polls`] waits out such a poll, so that a failure it caused can be told
-/// apart from a loss it is about to report.
-static POLLS: RwLock<()> = RwLock::new(());
-
-/// Polls without blocking; false when wgpu panicked (a driver-level loss).
-pub(crate) fn poll_now(device: &wgpu::Device) -> bool {
-    let _polling = POLLS.read().unpoisoned();
-    catch_unwind(AssertUnwindSafe(|| {
-        let _ = device.poll(wgpu::PollType::Poll);
-    }))
-    .is_ok()
-}
-
-/// Polls until the queue is empty (at most a second): what a device destroyed by the app needs
-/// before wgpu fires its lost callback. Non-blocking polls with short sleeps, never a wait
-/// with a timeout (see [`poll_loop`]). False when wgpu panicked.
-pub(crate) fn poll_until_idle(device: &wgpu::Device) -> bool {
-    let _polling = POLLS.read().unpoisoned();
-    let deadline = std::time::Instant::now() + Duration::from_secs(1);
-    let mut pause = MIN_PAUSE;
-    loop {
-        match catch_unwind(AssertUnwindSafe(|| device.poll(wgpu::PollType::Poll))) {
-            Err(_) => return false,
-            Ok(Ok(wgpu::PollStatus::QueueEmpty) | Err(_)) => return true,
-            Ok(Ok(_)) if std::time::Instant::now() >= deadline => return true,
-            Ok(Ok(_)) => {}
-        }
-        std::thread::sleep(pause);
-        pause = (pause * 2).min(MAX_PAUSE);
-    }
-}
-
-/// Returns once no short poll of devalloc's is half-way (at most one poll slice): its
-/// callbacks, a lost callback included, have run.
-pub(crate) fn finish_polls() {
-    drop(POLLS.write().unpoisoned());
-}
-
-/// The verdict of an error scope: on native (wgpu-core) the future is ready at once.
-pub(crate) fn settle(
-    verdict: impl Future<Output = Option<wgpu::Error>>,
-    _id: Device,
-    _what: &str,
-) -> Option<wgpu::Error> {
-    crate::bounce::run_blocking(verdict)
-}
-
-/// Every adapter of `backend`.
-pub(crate) async fn adapters(instance: &wgpu::Instance, backend: wgpu::Backend) -> Vec<wgpu::Adapter> {
-    instance.enumerate_adapters(backend.into()).await
-}
-
-/// Which device an entry is for. wgpu compares devices by an id that is unique only within
-/// one `wgpu::Instance` (two instances both have a device 0), so the key adds the address of
-/// wgpu-hal's device object, which is unique while the device lives (the table keeps it alive).
-#[derive(PartialEq)]
-struct DeviceKey {
-    device: wgpu::Device,
-    hal: Option<usize>,
-}
-
-impl DeviceKey {
-    fn of(device: &wgpu::Device) -> Self {
-        DeviceKey { device: device.clone(), hal: hal_address(device) }
-    }
-}
-
-/// The address of wgpu-hal's device object behind `device`, for the backends this build has.
-fn hal_address(device: &wgpu::Device) -> Option<usize> {
-    #[cfg(hal_vulkan)]
-    if let Some(a) = hal_address_as::<wgpu::hal::api::Vulkan>(device) {
-        return Some(a);
-    }
-    #[cfg(hal_gles)]
-    if let Some(a) = hal_address_as::<wgpu::hal::api::Gles>(device) {
-        return Some(a);
-    }
-    #[cfg(hal_metal)]
-    if let Some(a) = hal_address_as::<wgpu::hal::api::Metal>(device) {
-        return Some(a);
-    }
-    #[cfg(hal_dx12)]
-    if let Some(a) = hal_address_as::<wgpu::hal::api::Dx12>(device) {
-        return Some(a);
-    }
-    let _ = device;
-    None
-}
-
-/// The address of `device`'s hal device if it is of backend `A`.
-#[allow(unsafe_code, dead_code)]
-fn hal_address_as<A: wgpu::hal::Api>(device: &wgpu::Device) -> Option<usize> {
-    // SAFETY: only the address of the hal device is taken; nothing is called on it and the
-    // guard is dropped at once, so none of wgpu-hal's rules can be broken.
-    let hal = unsafe { device.as_hal::<A>() }?;
-    Some(std::ptr::from_ref::<A::Device>(&hal) as usize)
-}
-
-type RecordTable = Vec<(DeviceKey, u64, Weak<LostRecord>)>;
-static RECORDS: Mutex<RecordTable> = Mutex::new(Vec::new());
-static SERIAL: AtomicU64 = AtomicU64::new(1);
-
-/// The lost record of `device`, made by `make(serial)` if it has none yet.
-pub(crate) fn record_of(device: &wgpu::Device, make: impl FnOnce(u64) -> Arc<LostRecord>) -> Arc<LostRecord> {
-    let key = DeviceKey::of(device);
-    let mut table = lock(&RECORDS);
-    if let Some(r) = table.iter().find(|(k, ..)| *k == key).and_then(|(_, _, w)| w.upgrade()) {
-        return r;
-    }
-    let serial = SERIAL.fetch_add(1, Ordering::Relaxed);
-    let record = make(serial);
-    table.retain(|(k, ..)| *k != key);
-    table.push((key, serial, Arc::downgrade(&record)));
-    record
-}
-
-/// Drops the table's entry of a record that is going away.
-pub(crate) fn forget_record(serial: u64) {
-    lock(&RECORDS).retain(|(_, s, _)| *s != serial);
-}
+use crate::wgpu::gpu::Gpu;
+use crate::wgpu::lost::Loss;
 
 /// The polling thread's first pause between two polls; the pause doubles up to [`MAX_PAUSE`]
 /// while nothing new arrives, and starts again at this when a new wait does.
-const MIN_PAUSE: Duration = Duration::from_micros(10);
+pub(super) const MIN_PAUSE: Duration = Duration::from_micros(10);
 /// The longest pause of the polling thread between two polls.
-const MAX_PAUSE: Duration = Duration::from_micros(500);
+pub(super) const MAX_PAUSE: Duration = Duration::from_micros(500);
 
 struct PollerState {
     watchers: usize,
@@ -274,7 +144,7 @@ fn poll_loop(shared: &PollerShared) {
             }
         }
         let polled = {
-            let _polling = POLLS.read().unpoisoned();
+            let _polling = super::POLLS.read().unpoisoned();
             catch_unwind(AssertUnwindSafe(|| shared.device.poll(wgpu::PollType::Poll)))
         };
         match polled {
@@ -358,8 +228,8 @@ impl<T> Drop for Waiting<'_, T> {
 /// `idle_gives_up`: fail (rather than wait forever) once the device has gone idle twice without
 /// the callback, as for a map of a buffer that belongs to another device (which only that
 /// device's polls would complete).
-pub(crate) async fn wait<T>(
-    s: &WgpuStorage,
+pub(super) async fn wait<T>(
+    s: &Gpu,
     mut rx: oneshot::Receiver<T>,
     index: Option<wgpu::SubmissionIndex>,
     mode: Mode,
@@ -378,7 +248,7 @@ pub(crate) async fn wait<T>(
 /// Polls the device inline until `take` has the value (`Err`: it never will), the device is
 /// lost, or (with `idle_gives_up`) the device has gone idle twice without it.
 fn block_until<T>(
-    s: &WgpuStorage,
+    s: &Gpu,
     index: Option<wgpu::SubmissionIndex>,
     idle_gives_up: bool,
     mut take: impl FnMut() -> std::result::Result<Option<T>, ()>,
@@ -409,15 +279,15 @@ fn block_until<T>(
 
 /// Waits, blocking, until `take` has the value (`Err`: it never will): the blocking half of
 /// [`wait`] for a caller with a callback slot of its own (no channel).
-pub(crate) fn wait_blocking<T>(
-    s: &WgpuStorage,
+pub(super) fn wait_blocking<T>(
+    s: &Gpu,
     take: impl FnMut() -> std::result::Result<Option<T>, ()>,
 ) -> Result<T> {
     ended_error(s, block_until(s, None, false, take))
 }
 
 /// The error for a wait that ended without its value.
-fn ended_error<T>(s: &WgpuStorage, got: std::result::Result<T, Ended>) -> Result<T> {
+fn ended_error<T>(s: &Gpu, got: std::result::Result<T, Ended>) -> Result<T> {
     got.map_err(|ended| match ended {
         Ended::Gone if s.lost.is_lost() => s.lost.error(),
         Ended::Gone => Error::backend(s.id, "wgpu dropped a callback devalloc was waiting for"),
@@ -426,53 +296,4 @@ fn ended_error<T>(s: &WgpuStorage, got: std::result::Result<T, Ended>) -> Result
             s.id
         )),
     })
-}
-
-/// Whether a blocking call may wait here (it may on native).
-pub(crate) const CAN_BLOCK: bool = true;
-
-/// Opens devices, blocking.
-pub(crate) fn open_blocking<T>(open: impl Future<Output = Result<T>>) -> Result<T> {
-    pollster::block_on(open)
-}
-
-/// Whether wgpu-core runs the device here (it refuses work on a device that is no longer
-/// valid at once, without reporting it to any error handler): always on native.
-pub(crate) fn wgpu_core_inside(_info: &wgpu::AdapterInfo) -> bool {
-    true
-}
-
-/// Up to how many bytes a download gets a staging buffer of its own (not one kept from an
-/// earlier download): none on native, where reusing them is what makes small reads fast.
-pub(crate) fn fresh_download_staging(_info: &wgpu::AdapterInfo) -> u64 {
-    0
-}
-
-/// Whether work devalloc checked up front (copies) still runs inside an error scope. On native
-/// a scope costs ~40 ns and its verdict is there at once: every such call gets one.
-pub(crate) const SCOPE_CHECKED_WORK: bool = true;
-
-/// The staging chunk when the options name none: 4 MiB where the host shares the adapter's
-/// memory, 8 MiB elsewhere. Measured on lavapipe (2 cores) against a StagingBelt as large as
-/// the whole transfer: with 8 chunks of staging, 2 MiB chunks lose at 256 MiB (0.55x: the
-/// queue cannot keep up with that many submissions), 4 and 8 MiB win at 16-256 MiB.
-pub(crate) fn default_chunk(info: &wgpu::AdapterInfo) -> u64 {
-    if crate::wgpu::options::unified(info.device_type) {
-        4 << 20
-    } else {
-        8 << 20
-    }
-}
-
-/// Uploads up to this size go through the queue's own staging (`write_buffer_with`): on
-/// Vulkan (lavapipe) it beats the belt up to 1 MiB (1.00-1.05x `write_buffer` against
-/// 0.86-0.94x through the belt). On GL every upload takes the belt: `write_buffer_with` makes
-/// a GL buffer per call, and the belt measured 0.93-0.99x `StagingBelt` at 4 KiB-1 MiB
-/// against 0.86-0.96x.
-pub(crate) fn small_upload_limit(info: &wgpu::AdapterInfo) -> u64 {
-    if info.backend == wgpu::Backend::Gl {
-        0
-    } else {
-        1 << 20
-    }
 }
