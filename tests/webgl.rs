@@ -9,6 +9,7 @@
 #![cfg(all(target_arch = "wasm32", feature = "webgl"))]
 
 #[macro_use]
+#[allow(dead_code, unused_macros)] // each browser suite runs a part of the suite
 mod conformance;
 
 use std::cell::RefCell;

@@ -8,7 +8,6 @@
 //! sequences of valid and invalid operations against a plain model. [`conformance_tests!`]
 //! turns the checks into `#[test]`s (native) or `#[wasm_bindgen_test]`s (wasm) for one
 //! allocator factory, run on every device it has.
-#![allow(dead_code, unused_macros)]
 
 pub mod checks;
 #[cfg(not(target_arch = "wasm32"))]
@@ -41,6 +40,7 @@ pub enum Need {
     /// `CI=true`, a skip that says why elsewhere.
     InCi,
     /// Only on some machines (CUDA): a skip that says why, everywhere.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     Optional,
 }
 

@@ -34,6 +34,7 @@ pub enum Op {
 }
 
 /// A seeded sequence of `n` operations (for the browser, which has no proptest).
+#[cfg_attr(not(target_arch = "wasm32"), allow(dead_code))] // the browser suites' form
 pub fn ops_from_seed(seed: u64, n: usize) -> Vec<Op> {
     let mut r = Rng(seed | 1);
     (0..n)
@@ -301,6 +302,7 @@ pub fn model_check(make: Factory, cases: u32) {
 }
 
 /// Browser: `seeds` seeded sequences of 40 operations.
+#[cfg_attr(not(target_arch = "wasm32"), allow(dead_code))] // the browser suites' form
 pub async fn model_check_seeded(make: Factory, seeds: u64) {
     for seed in 1..=seeds {
         let ops = ops_from_seed(seed * 7919, 40);

@@ -1,9 +1,7 @@
 //! The conformance suite on the wgpu allocator (Vulkan on lavapipe in CI, staged and direct
 //! routes; GL on llvmpipe where available), and the wgpu allocator's own promises.
-#![cfg(all(feature = "wgpu", not(target_arch = "wasm32")))]
 
-#[macro_use]
-mod conformance;
+use crate::conformance;
 
 use devalloc::wgpu::{BindingKind, Route, WgpuAllocator, WgpuOptions};
 use devalloc::{

@@ -1,5 +1,4 @@
 //! Registry, RAII buffer, cross-device copies and the host allocator's own promises.
-#![cfg(not(target_arch = "wasm32"))]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 

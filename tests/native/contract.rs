@@ -1,10 +1,8 @@
 //! The contract's promises under hostile input, through the public API only: each test is
 //! named after the behaviour it holds devalloc to. Host memory (and storages of the test's own,
 //! through `devalloc::backend`) stand in for devices, so these run everywhere, Miri included.
-#![cfg(not(target_arch = "wasm32"))]
 
-#[macro_use]
-mod conformance;
+use crate::conformance;
 
 use devalloc::backend::{HostStorage, Pool, PooledAllocator, Storage};
 use devalloc::PoolOptions;

@@ -4,10 +4,8 @@
 //! memory -> empty cache -> retry. Without a driver (CI, this project's machines) each says it
 //! did not run and why; `DEVALLOC_REQUIRE_ALL=1` (the GPU bundle's run) makes that a failure.
 #![allow(unsafe_code)] // the driver API, as a runtime beside devalloc would call it
-#![cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
 
-#[macro_use]
-mod conformance;
+use crate::conformance;
 
 use devalloc::cuda::api::driver::{result, CudaContext};
 use devalloc::cuda::{CudaAllocator, CudaOptions};

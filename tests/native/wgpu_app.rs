@@ -3,9 +3,8 @@
 //! device's limits, usage and labels are chosen per allocation, async copies do not block, and
 //! a debug setting keeps freed buffers from being handed out again. Each test runs on Vulkan
 //! (lavapipe) and GL (llvmpipe); under CI=true a missing adapter fails.
-#![cfg(all(feature = "wgpu", not(target_arch = "wasm32")))]
 
-mod conformance;
+use crate::conformance;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,9 +1,7 @@
 //! The conformance suite and the hostile model check on the host allocator, with and without
 //! its cache, under a tiny memory limit, and with a tiny address window.
-#![cfg(not(target_arch = "wasm32"))]
 
-#[macro_use]
-mod conformance;
+use crate::conformance;
 
 use devalloc::{DeviceAllocator, HostAllocator, PoolOptions, DEFAULT_ALIGNMENT};
 
