@@ -39,6 +39,12 @@ fn main() {
         }
     }
 
+    if cfg!(debug_assertions) {
+        println!(
+            "\nGB/s below are from a debug build (devalloc and wgpu unoptimised), not devalloc's speed: \
+             `cargo run --release --example tour` for release figures, the bench for comparisons."
+        );
+    }
     println!(
         "\n{:<10} {:<44} {:>10} {:>10} {:>10}  result",
         "device", "name", "size", "up GB/s", "down GB/s"

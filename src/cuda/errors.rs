@@ -43,8 +43,9 @@ pub(crate) fn code(e: &DriverError) -> i64 {
 }
 
 /// Codes at start-up that mean "there is no usable CUDA driver here": a toolkit's stub
-/// library (34), a driver older than the library (803), a forward-compatibility package on a
-/// GPU that does not support it (804), an unknown failure to initialise (999).
+/// library (34), no CUDA device (100), a driver older than the library (803), a
+/// forward-compatibility package on a GPU that does not support it (804), an unknown failure
+/// to initialise (999).
 pub(crate) fn means_no_driver(e: &DriverError) -> bool {
     matches!(code(e), 34 | 803 | 804 | 999 | 100)
 }
