@@ -85,6 +85,20 @@ pub trait DeviceAllocator: WasmNotSendSync {
     /// Allocates `nbytes` bytes on device `index`, aligned to `alignment` (a power of two).
     fn allocate(&self, nbytes: usize, index: DeviceIndex, alignment: usize) -> Result<DevicePtr>;
 
+    /// [`DeviceAllocator::allocate`] with a label for people: reports, snapshots, histories and
+    /// out-of-memory errors name the allocation by it. A label never changes which memory is
+    /// reused. Default: the label is dropped.
+    fn allocate_labeled(
+        &self,
+        nbytes: usize,
+        index: DeviceIndex,
+        alignment: usize,
+        label: &str,
+    ) -> Result<DevicePtr> {
+        let _ = label;
+        self.allocate(nbytes, index, alignment)
+    }
+
     /// Frees an allocation made by [`DeviceAllocator::allocate`] on device `index`.
     fn deallocate(&self, ptr: DevicePtr, index: DeviceIndex) -> Result<()>;
 

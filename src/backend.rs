@@ -23,7 +23,7 @@
 //!     type Params = ();
 //!     fn device(&self) -> Device { Device::new(DeviceType::Gl, 0) }
 //!     fn max_block_size(&self) -> u64 { 1 << 30 }
-//!     fn alloc(&self, capacity: u64, _: u64, _: &(), _: Option<&str>) -> Result<Self::Block> {
+//!     fn alloc(&self, capacity: u64, _: u64, _: &(), _: &str) -> Result<Self::Block> {
 //!         Ok(Mutex::new(vec![0; capacity as usize]))
 //!     }
 //!     fn write(&self, b: &Self::Block, offset: u64, src: &[u8]) -> Result<()> {

@@ -49,17 +49,6 @@ impl<S: Storage> PooledAllocator<S> {
         &self.pools
     }
 
-    /// Allocates with a label that reports (and, on wgpu, the device's own messages) show.
-    pub fn allocate_labeled(
-        &self,
-        nbytes: usize,
-        index: DeviceIndex,
-        alignment: usize,
-        label: &str,
-    ) -> Result<DevicePtr> {
-        self.pool(index)?.allocate_params(nbytes, alignment, Some(label), S::Params::default())
-    }
-
     /// Frees every cached block of every device; returns the bytes given back.
     pub fn empty_cache(&self) -> u64 {
         self.pools.iter().map(Pool::empty_cache).sum()
@@ -180,18 +169,6 @@ macro_rules! pool_controls {
         }
 
         impl $name {
-            /// Allocates with a label, which reports, snapshots and (on wgpu) the device's own
-            /// messages show.
-            pub fn allocate_labeled(
-                &self,
-                nbytes: usize,
-                index: crate::DeviceIndex,
-                alignment: usize,
-                label: &str,
-            ) -> crate::Result<crate::DevicePtr> {
-                self.0.allocate_labeled(nbytes, index, alignment, label)
-            }
-
             /// Sets (or with `None` lifts) the memory limit of device `index`: past it an
             /// allocation is `OutOfMemory` (after the cache is given back), before the device
             /// itself runs out. Blocks already held are not freed.
@@ -237,6 +214,17 @@ impl<T: Pooled> DeviceAllocator for T {
 
     fn allocate(&self, nbytes: usize, index: DeviceIndex, alignment: usize) -> Result<DevicePtr> {
         self.pooled().pool(index)?.allocate(nbytes, alignment)
+    }
+
+    fn allocate_labeled(
+        &self,
+        nbytes: usize,
+        index: DeviceIndex,
+        alignment: usize,
+        label: &str,
+    ) -> Result<DevicePtr> {
+        let params = <T::Storage as Storage>::Params::default();
+        self.pooled().pool(index)?.allocate_params(nbytes, alignment, Some(label), params)
     }
 
     fn deallocate(&self, ptr: DevicePtr, index: DeviceIndex) -> Result<()> {

@@ -11,7 +11,7 @@
 //!     "stats": { "allocated_bytes": .., "reserved_bytes": .., "cached_bytes": .., ... },   // AllocatorStats
 //!     "memory_limit": 1048576 | null,
 //!     "device_memory": { "total_bytes": .., "free_bytes": .., "backend_allocated_bytes": .., "backend_reserved_bytes": .. } | null,
-//!     "live": [{ "addr": "0x2000000000001000", "size": .., "capacity": .., "label": "kv-cache" | null }],
+//!     "live": [{ "addr": "0x2000000000001000", "size": .., "capacity": .., "label": "kv-cache" | null, "block": 17 }],
 //!     "cached": [{ "capacity": .., "count": .. }],
 //!     "planned": [{ "memory_id": 0, "addr": .., "size": .. }],
 //!     "history": null | {
@@ -156,6 +156,10 @@ pub struct LiveAllocation {
     pub capacity: u64,
     /// Its label.
     pub label: Option<String>,
+    /// The id of the block that holds it (a block keeps its id while cached and reused; wgpu's
+    /// own messages name the buffer `devalloc block <id> (<capacity> bytes)`).
+    #[serde(default)]
+    pub block: u64,
 }
 
 impl LiveAllocation {
@@ -310,7 +314,7 @@ mod tests {
             stats: AllocatorStats::default(),
             memory_limit: None,
             device_memory: None,
-            live: vec![LiveAllocation { addr, size: 1, capacity: 256, label: None }],
+            live: vec![LiveAllocation { addr, size: 1, capacity: 256, label: None, block: 1 }],
             cached: vec![],
             planned: vec![PlannedBuffer { memory_id: 0, addr, size: 1 }],
             history: None,

@@ -22,11 +22,6 @@ pub trait Storage: WasmNotSendSync {
     /// `()` for none. Part of the cache key: a cached block is reused only for equal params.
     type Params: Clone + Ord + Default + Debug + WasmNotSendSync;
 
-    /// Whether a block keeps the label it was made with (wgpu fixes a buffer's label at
-    /// creation). If so, the pool's cache keeps blocks of different labels apart, so that a
-    /// reused block never carries another allocation's name.
-    const FIXED_LABELS: bool = false;
-
     /// The device this storage allocates on.
     fn device(&self) -> Device;
 
@@ -59,17 +54,13 @@ pub trait Storage: WasmNotSendSync {
     }
 
     /// Allocates a block of `capacity` bytes whose start honours `alignment` (as returned by
-    /// [`Storage::block_alignment`]), made with `params` and named `label` where the backend
-    /// names its memory. Running out of device memory must be [`crate::Error::OutOfMemory`]
-    /// (the pool then empties its cache and tries once more); a request that can never fit
-    /// is [`crate::Error::TooLarge`].
-    fn alloc(
-        &self,
-        capacity: u64,
-        alignment: u64,
-        params: &Self::Params,
-        label: Option<&str>,
-    ) -> Result<Self::Block>;
+    /// [`Storage::block_alignment`]), made with `params`. `name` is the block's, true for as
+    /// long as it lives (cached and reused by other allocations too: `devalloc block 17, 1 MiB`),
+    /// for backends that name their memory (wgpu); the label of each allocation is the pool's
+    /// to keep. Running out of device memory must be [`crate::Error::OutOfMemory`] (the pool
+    /// then empties its cache and tries once more); a request that can never fit is
+    /// [`crate::Error::TooLarge`].
+    fn alloc(&self, capacity: u64, alignment: u64, params: &Self::Params, name: &str) -> Result<Self::Block>;
 
     /// The block's real device address, for storages that have them (CUDA).
     fn address(&self, block: &Self::Block) -> Option<u64> {

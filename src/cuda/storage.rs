@@ -225,7 +225,7 @@ impl Storage for CudaStorage {
         })
     }
 
-    fn alloc(&self, capacity: u64, alignment: u64, _params: &(), _label: Option<&str>) -> Result<CudaBlock> {
+    fn alloc(&self, capacity: u64, alignment: u64, _params: &(), _name: &str) -> Result<CudaBlock> {
         let extra = alignment.saturating_sub(DRIVER_ALIGNMENT);
         let bytes = capacity.checked_add(extra).filter(|&b| b <= self.total).ok_or(Error::TooLarge {
             requested: capacity,
@@ -304,7 +304,7 @@ impl Storage for CudaStorage {
         let _finished = SyncOnDrop(stream);
         if overlap {
             // cuMemcpy does not handle overlapping ranges: go through a temporary.
-            let tmp = self.alloc(len, DRIVER_ALIGNMENT, &(), None)?;
+            let tmp = self.alloc(len, DRIVER_ALIGNMENT, &(), "devalloc peer-copy temporary")?;
             // Declared after `tmp`, so dropped (the stream waited for) before `tmp` is freed,
             // on an error path too.
             let _tmp_finished = SyncOnDrop(stream);

@@ -1,12 +1,12 @@
-//! Allocation in named steps: plan (check, work out the block), claim (addresses, a cached
+//! Allocation in named steps: prepare (check, work out the block), claim (addresses, a cached
 //! block or room under the limit), alloc_block (the device, with one retry after emptying the
 //! cache), record (stats and bookkeeping).
 
 use std::sync::Arc;
 
 use super::address::{Refused, Span};
-use super::cache::Key;
-use super::{lock, Live, Plan, Pool, PoolOptions, Source};
+use super::cache::{Cached, Key};
+use super::{lock, Live, Pool, PoolOptions, Prepared, Source};
 use crate::allocator::DEFAULT_ALIGNMENT;
 use crate::checks::{check_request, len64, round_up};
 use crate::error::{Error, Result};
@@ -45,18 +45,18 @@ impl<S: Storage> Pool<S> {
     ) -> Result<DevicePtr> {
         self.storage.check_usable()?;
         let config = lock(&self.config).clone();
-        let plan = self.plan(nbytes, alignment, label, params, &config)?;
-        let (source, span) = self.claim(&plan, &config)?;
-        let (block, fresh) = match source {
-            Source::Cached(block) => (block, false),
-            Source::Fresh => match self.alloc_block(&plan, label) {
+        let mut plan = self.prepare(nbytes, alignment, params, &config)?;
+        let (source, span) = self.claim(&mut plan, &config)?;
+        let (cached, fresh) = match source {
+            Source::Cached(cached) => (cached, false),
+            Source::Fresh(id) => match self.alloc_block(&mut plan, id) {
                 // A storage with real addresses must give one: a null would be handed out.
                 Ok(block) if span.is_none() && self.storage.address(&block).is_none_or(|a| a == 0) => {
                     lock(&self.state).pending -= plan.key.capacity;
                     drop(block);
                     return Err(Error::backend(self.device, "the storage gave a block without an address"));
                 }
-                Ok(block) => (block, true),
+                Ok(block) => (Cached { id, block }, true),
                 Err(e) => {
                     let mut state = lock(&self.state);
                     state.pending -= plan.key.capacity;
@@ -67,18 +67,17 @@ impl<S: Storage> Pool<S> {
                 }
             },
         };
-        Ok(self.record(plan, block, fresh, span, label))
+        Ok(self.record(plan, cached, fresh, span, label))
     }
 
     /// Step 1: checks the request and works out the block it needs. Changes nothing.
-    fn plan(
+    fn prepare(
         &self,
         nbytes: usize,
         alignment: usize,
-        label: Option<&str>,
         params: S::Params,
         config: &PoolOptions,
-    ) -> Result<Plan<S::Params>> {
+    ) -> Result<Prepared<S::Params>> {
         let device = self.device;
         let size = check_request(nbytes, alignment, device)?;
         let alignment = len64(alignment).max(len64(DEFAULT_ALIGNMENT));
@@ -106,30 +105,38 @@ impl<S: Storage> Pool<S> {
             .flatten()
             .filter(|&c| c >= size);
         let capacity = class.filter(|&c| c <= max).unwrap_or(exact);
-        let label_key = (S::FIXED_LABELS).then(|| label.map(Box::from)).flatten();
-        let key =
-            Key { capacity, alignment: self.storage.block_alignment(alignment), params, label: label_key };
-        Ok(Plan { size, alignment, key })
+        let key = Key { alignment: self.storage.block_alignment(alignment), params, capacity };
+        Ok(Prepared { size, alignment, key, exact })
     }
 
-    /// Step 2: under the lock, takes a cached block or room for a fresh one under the memory
-    /// limit, and the addresses. A refusal leaves everything as it was: the limit is checked
-    /// before any addresses are taken (taking them may lift quarantine), and a cached block
-    /// goes back if the addresses cannot be had.
+    /// Step 2: under the lock, takes a cached block, or room for a fresh one under the memory
+    /// limit (the exact size where the class does not fit even with the cache given back), and
+    /// the addresses; a fresh block gets its id. A refusal leaves everything as it was: the limit
+    /// is checked before any addresses are taken (taking them may lift quarantine), and a cached
+    /// block goes back if the addresses cannot be had.
     fn claim(
         &self,
-        plan: &Plan<S::Params>,
+        plan: &mut Prepared<S::Params>,
         config: &PoolOptions,
     ) -> Result<(Source<S::Block>, Option<Span>)> {
-        let capacity = plan.key.capacity;
         let mut state = lock(&self.state);
-        let cached = if config.caching && config.reuse_freed { state.cache.take(&plan.key) } else { None };
+        let cached = if config.caching && config.reuse_freed {
+            // Best fit: from the exact size up to a quarter past the size class.
+            let lo = Key { capacity: plan.exact, ..plan.key.clone() };
+            state.cache.take_fit(&lo, plan.key.capacity.saturating_add(plan.key.capacity / 4))
+        } else {
+            None
+        };
         let held = state.stats.reserved_bytes + state.pending;
         if let (None, Some(limit)) = (&cached, config.memory_limit) {
-            // Not even with the cache given back: refuse before anything changes.
-            if held - state.stats.cached_bytes + capacity > limit {
-                let detail = format!("devalloc memory limit of {limit} bytes");
-                return Err(self.out_of_memory(&state, plan.size, detail));
+            // Not even with the cache given back: the exact size, or refuse before anything changes.
+            let floor = held - state.stats.cached_bytes;
+            if floor + plan.key.capacity > limit {
+                if floor + plan.exact > limit {
+                    let detail = format!("devalloc memory limit of {limit} bytes");
+                    return Err(self.out_of_memory(&state, plan.size, detail));
+                }
+                plan.key.capacity = plan.exact;
             }
         }
         let reserved = state.window.as_ref().map(|w| lock(w).reserve(plan.size, plan.alignment));
@@ -137,8 +144,8 @@ impl<S: Storage> Pool<S> {
             None => None,
             Some(Ok(span)) => Some(span),
             Some(Err(refused)) => {
-                if let Some(block) = cached {
-                    state.cache.put(plan.key.clone(), block);
+                if let Some((key, block)) = cached {
+                    state.cache.put(key, block);
                 }
                 return Err(match refused {
                     Refused::NeverFits { max } if plan.size > max => {
@@ -154,28 +161,38 @@ impl<S: Storage> Pool<S> {
                 });
             }
         };
-        if let Some(block) = cached {
-            state.stats.cached_bytes -= capacity;
+        if let Some((key, block)) = cached {
+            state.stats.cached_bytes -= key.capacity;
+            plan.key = key;
             return Ok((Source::Cached(block), span));
         }
+        let capacity = plan.key.capacity;
         let mut evicted = Vec::new();
-        if config.memory_limit.is_some_and(|limit| held + capacity > limit) {
-            // The check above made sure that giving the cache back makes room.
-            let bytes = state.stats.cached_bytes;
-            evicted = Self::take_cache(&mut state);
-            self.note(|| EventKind::Evict { bytes });
+        if let Some(over) = config.memory_limit.and_then(|limit| (held + capacity).checked_sub(limit)) {
+            // The check above made sure that giving cached blocks back makes room.
+            if over > 0 {
+                let (bytes, blocks) = state.cache.evict(over);
+                state.stats.reserved_bytes -= bytes;
+                state.stats.cached_bytes -= bytes;
+                evicted = blocks;
+                self.note(|| EventKind::Evict { bytes });
+            }
         }
         state.pending += capacity;
+        state.blocks_made += 1;
+        let id = state.blocks_made;
         drop(state);
         drop(evicted);
-        Ok((Source::Fresh, span))
+        Ok((Source::Fresh(id), span))
     }
 
-    /// Step 3 (fresh blocks only), without the lock: asks the device, and on out of memory
-    /// empties the cache and asks once more.
-    fn alloc_block(&self, plan: &Plan<S::Params>, label: Option<&str>) -> Result<S::Block> {
-        let (capacity, alignment, params) = (plan.key.capacity, plan.key.alignment, &plan.key.params);
-        match self.storage.alloc(capacity, alignment, params, label) {
+    /// Step 3 (fresh blocks only), without the lock: asks the device for block `id`, and on
+    /// out of memory empties the cache and asks once more, for the exact size.
+    fn alloc_block(&self, plan: &mut Prepared<S::Params>, id: u64) -> Result<S::Block> {
+        let (alignment, params) = (plan.key.alignment, &plan.key.params);
+        let name = |capacity: u64| format!("devalloc block {id} ({capacity} bytes)");
+        let capacity = plan.key.capacity;
+        match self.storage.alloc(capacity, alignment, params, &name(capacity)) {
             Err(Error::OutOfMemory { .. }) => {
                 // Noted as an eviction (a user's `empty_cache` is its own event), if any.
                 let (freed, blocks) = {
@@ -185,6 +202,8 @@ impl<S: Storage> Pool<S> {
                     if bytes > 0 {
                         self.note(|| EventKind::Evict { bytes });
                     }
+                    // The retry asks for the exact size: what is pending shrinks with it.
+                    state.pending -= capacity - plan.exact;
                     (bytes, blocks)
                 };
                 drop(blocks);
@@ -192,7 +211,8 @@ impl<S: Storage> Pool<S> {
                     "devalloc: {} out of memory; emptied {freed} cached bytes and retrying",
                     self.device
                 );
-                self.storage.alloc(capacity, alignment, params, label).map_err(|e| match e {
+                plan.key.capacity = plan.exact;
+                self.storage.alloc(plan.exact, alignment, params, &name(plan.exact)).map_err(|e| match e {
                     Error::OutOfMemory { detail, .. } => {
                         self.out_of_memory(&lock(&self.state), plan.size, detail)
                     }
@@ -207,12 +227,13 @@ impl<S: Storage> Pool<S> {
     /// so that no free of this address can be noted before it). Cannot fail.
     fn record(
         &self,
-        plan: Plan<S::Params>,
-        block: S::Block,
+        plan: Prepared<S::Params>,
+        cached: Cached<S::Block>,
         fresh: bool,
         span: Option<Span>,
         label: Option<&str>,
     ) -> DevicePtr {
+        let Cached { id, block } = cached;
         let capacity = plan.key.capacity;
         let mut state = lock(&self.state);
         let base = match span {
@@ -239,6 +260,7 @@ impl<S: Storage> Pool<S> {
             size: plan.size,
             key: plan.key,
             block: Arc::new(block),
+            block_id: id,
             label: label.map(Into::into),
             span,
         };

@@ -12,14 +12,19 @@
 //!   the storage says otherwise (CUDA rounds requests of 1 MiB and more up to 2 MiB). When the
 //!   class would not fit under the device's largest block or the memory limit but the exact
 //!   size would, the exact size is used.
-//! - **The cache** keeps freed blocks, keyed by capacity, the alignment the block itself has,
-//!   the backend's per-allocation params (wgpu: usage) and, where blocks carry their label
-//!   (wgpu), the label. There is no splitting or merging: a block is reused only whole, for a
-//!   request of the same key. `empty_cache` gives every cached block back to the device.
-//!   With [`PoolOptions::reuse_freed`] off (a debug setting) freed blocks are never reused.
-//! - **Out of memory.** Past the memory limit, the cache is emptied if that makes room, else the
-//!   request fails. When the device itself runs out, the cache is emptied and the request tried
-//!   once more (so the one visible change of a failed request is a cache given back).
+//! - **The cache** keeps freed blocks by the alignment the block itself has, the backend's
+//!   per-allocation params (wgpu: usage) and capacity; never by label (labels are for people:
+//!   they stay in devalloc's records, reports and snapshots, and a reused block serves any
+//!   label). A request takes the smallest cached block of its alignment and params that holds
+//!   it and is at most a quarter larger than its size class (best fit). There is no splitting
+//!   or merging: a block is reused only whole. `empty_cache` gives every cached block back to
+//!   the device. With [`PoolOptions::reuse_freed`] off (a debug setting) freed blocks are never
+//!   reused. Each block has an id (`LiveAllocation::block`), which wgpu's own messages show.
+//! - **Out of memory.** Past the memory limit, as few cached blocks as make room are given back
+//!   (the smallest one that is enough, else the largest first); if even the whole cache would
+//!   not make room for the size class, the exact size is tried; else the request fails. When
+//!   the device itself runs out, the cache is emptied and the exact size tried once more (so
+//!   the one visible change of a failed request is a cache given back).
 //! - **Addresses.** Storages without real addresses (host, wgpu) get virtual ones from a
 //!   per-device window (see `address.rs`): a reused cached block gets a *fresh* address, and a
 //!   freed address range is not handed out again within 2^32 frees unless the 4 PiB window has
@@ -45,7 +50,7 @@ use self::history::History;
 
 use self::address::{AddressWindow, SharedWindow, Span, MAX_DEVICES, MAX_WINDOW_BITS};
 pub(crate) use self::cache::size_class as default_size_class;
-use self::cache::{BlockCache, Key};
+use self::cache::{BlockCache, Cached, Key};
 use crate::allocator::AllocatorStats;
 use crate::device::Device;
 use crate::error::{Error, PointerProblem, Result};
@@ -104,6 +109,8 @@ struct Live<S: Storage> {
     size: u64,
     key: Key<S::Params>,
     block: Arc<S::Block>,
+    /// The pool's id of the block (it keeps it while cached and reused).
+    block_id: u64,
     label: Option<Box<str>>,
     span: Option<Span>,
 }
@@ -116,19 +123,25 @@ struct State<S: Storage> {
     /// Bytes the device is allocating right now (counted against the limit).
     pending: u64,
     plans: PlanTable,
+    /// Blocks made so far (the next block's id).
+    blocks_made: u64,
 }
 
 /// What an allocation will be, worked out before anything changes.
-struct Plan<P> {
+struct Prepared<P> {
     size: u64,
     alignment: u64,
+    /// The block it would take: its size class (or the exact size, see `exact`).
     key: Key<P>,
+    /// The exact size in whole granules (what a block needs at least).
+    exact: u64,
 }
 
 /// Where an allocation's block comes from.
 enum Source<B> {
-    Cached(B),
-    Fresh,
+    Cached(Cached<B>),
+    /// A fresh block, with its id.
+    Fresh(u64),
 }
 
 /// Generic allocation policy over a [`Storage`]; see the module docs.
@@ -189,6 +202,7 @@ impl<S: Storage> Pool<S> {
                 stats: AllocatorStats::default(),
                 pending: 0,
                 plans: PlanTable::new(),
+                blocks_made: 0,
             }),
             history: Mutex::new(None),
             recording: AtomicBool::new(false),
@@ -241,7 +255,7 @@ impl<S: Storage> Pool<S> {
         let to_drop = match (keep, Arc::try_unwrap(live.block)) {
             (true, Ok(block)) => {
                 state.stats.cached_bytes += capacity;
-                state.cache.put(live.key, block);
+                state.cache.put(live.key, Cached { id: live.block_id, block });
                 None
             }
             (_, block) => {

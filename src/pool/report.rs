@@ -41,6 +41,7 @@ impl<S: Storage> Pool<S> {
                 size: l.size,
                 capacity: l.key.capacity,
                 label: l.label.as_deref().map(Into::into),
+                block: l.block_id,
             })
             .collect()
     }

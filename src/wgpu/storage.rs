@@ -187,7 +187,6 @@ impl WgpuStorage {
 impl Storage for WgpuStorage {
     type Block = WgpuBlock;
     type Params = WgpuParams;
-    const FIXED_LABELS: bool = true;
 
     fn device(&self) -> Device {
         self.gpu.id
@@ -230,18 +229,15 @@ impl Storage for WgpuStorage {
         })
     }
 
-    fn alloc(
-        &self,
-        capacity: u64,
-        _alignment: u64,
-        params: &WgpuParams,
-        label: Option<&str>,
-    ) -> Result<WgpuBlock> {
+    /// The wgpu buffer is named after the block (`name`: its id and capacity), which stays true
+    /// while the block is cached and reused by other allocations; devalloc keeps each
+    /// allocation's own label in its records, reports and snapshots (with the block id).
+    fn alloc(&self, capacity: u64, _alignment: u64, params: &WgpuParams, name: &str) -> Result<WgpuBlock> {
         let usage = match wgpu::BufferUsages::from_bits_truncate(params.usage) {
             u if u.is_empty() => self.default_usage,
             u => Self::full_usage(self.route, u),
         };
-        let buffer = self.gpu.create(label.unwrap_or("devalloc buffer"), capacity, usage, false)?;
+        let buffer = self.gpu.create(name, capacity, usage, false)?;
         Ok(WgpuBlock {
             buffer,
             lock: async_lock::Mutex::new(()),

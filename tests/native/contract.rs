@@ -33,7 +33,7 @@ impl Storage for Indexed {
     fn max_block_size(&self) -> u64 {
         self.max
     }
-    fn alloc(&self, capacity: u64, alignment: u64, p: &(), l: Option<&str>) -> Result<Self::Block> {
+    fn alloc(&self, capacity: u64, alignment: u64, p: &(), l: &str) -> Result<Self::Block> {
         self.host.alloc(capacity, alignment.min(4096), p, l)
     }
     fn write(&self, b: &Self::Block, o: u64, src: &[u8]) -> Result<()> {
@@ -59,7 +59,7 @@ impl Storage for Weightless {
     fn max_block_size(&self) -> u64 {
         1 << 47
     }
-    fn alloc(&self, capacity: u64, _: u64, _: &(), _: Option<&str>) -> Result<u64> {
+    fn alloc(&self, capacity: u64, _: u64, _: &(), _: &str) -> Result<u64> {
         Ok(capacity)
     }
     fn write(&self, _: &u64, _: u64, _: &[u8]) -> Result<()> {
@@ -308,7 +308,7 @@ impl Storage for Slow {
     fn max_block_size(&self) -> u64 {
         1 << 30
     }
-    fn alloc(&self, capacity: u64, alignment: u64, p: &(), l: Option<&str>) -> Result<Self::Block> {
+    fn alloc(&self, capacity: u64, alignment: u64, p: &(), l: &str) -> Result<Self::Block> {
         std::thread::sleep(std::time::Duration::from_millis(if cfg!(miri) { 1 } else { 20 }));
         self.0.alloc(capacity, alignment.min(4096), p, l)
     }

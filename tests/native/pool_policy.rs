@@ -1,0 +1,138 @@
+//! The pool's policy, tested through a storage that counts what it is asked for: blocks are
+//! reused whatever their label (best fit, at most a quarter past the size class), a memory limit
+//! gives back as few cached blocks as make room and falls back to the exact size, and a device
+//! that runs out gets the exact size on the retry.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use devalloc::backend::{Pool, PooledAllocator, Storage};
+use devalloc::{Device, DeviceAllocator, DeviceType, Error, PoolOptions, Result};
+
+/// Blocks that hold no memory; remembers every capacity asked for, and runs out of memory for
+/// blocks larger than `oom_above`.
+struct Counting {
+    asked: Mutex<Vec<u64>>,
+    oom_above: AtomicU64,
+}
+
+impl Storage for Counting {
+    type Block = u64;
+    type Params = ();
+    fn device(&self) -> Device {
+        Device::new(DeviceType::Cpu, 0)
+    }
+    fn max_block_size(&self) -> u64 {
+        1 << 40
+    }
+    fn alloc(&self, capacity: u64, _: u64, _: &(), name: &str) -> Result<u64> {
+        assert!(name.starts_with("devalloc block "), "{name}");
+        self.asked.lock().unwrap().push(capacity);
+        if capacity > self.oom_above.load(Ordering::SeqCst) {
+            return Err(Error::OutOfMemory {
+                requested: capacity,
+                device: self.device(),
+                detail: "test".into(),
+            });
+        }
+        Ok(capacity)
+    }
+    fn write(&self, _: &u64, _: u64, _: &[u8]) -> Result<()> {
+        Ok(())
+    }
+    fn read(&self, _: &u64, _: u64, _: &mut [u8]) -> Result<()> {
+        Ok(())
+    }
+    fn copy(&self, _: &u64, _: u64, _: &u64, _: u64, _: u64) -> Result<()> {
+        Ok(())
+    }
+}
+
+fn counting(limit: Option<u64>) -> PooledAllocator<Counting> {
+    let storage = Counting { asked: Mutex::new(Vec::new()), oom_above: AtomicU64::new(u64::MAX) };
+    let options = PoolOptions { caching: true, memory_limit: limit, ..PoolOptions::default() };
+    PooledAllocator::from_pools(DeviceType::Cpu, vec![Pool::new(storage, options).unwrap()]).unwrap()
+}
+
+fn asked(a: &PooledAllocator<Counting>) -> Vec<u64> {
+    a.pool(0).unwrap().storage().asked.lock().unwrap().clone()
+}
+
+#[test]
+fn a_freed_block_serves_any_label_and_a_near_size() {
+    let a = counting(None);
+    let p = a.allocate_labeled(1100, 0, 256, "step0.input").unwrap(); // class 1280
+    a.deallocate(p, 0).unwrap();
+    // Another label, another size of the same block's reach (class 1024, up to 1280): reused.
+    let q = a.allocate_labeled(1000, 0, 256, "step1.input").unwrap();
+    let s = a.stats(0).unwrap();
+    assert_eq!((s.cache_hits, s.cache_misses, s.reserved_bytes), (1, 1, 1280), "{s:?}");
+    let live = a.pool(0).unwrap().live_allocations();
+    assert_eq!(live[0].label.as_deref(), Some("step1.input"));
+    assert_eq!(live[0].capacity, 1280, "the block's capacity is what it holds");
+    a.deallocate(q, 0).unwrap();
+    // A block more than a quarter past the class is not taken for a small request.
+    let r = a.allocate(600, 0, 256).unwrap(); // class 640, reach 800
+    assert_eq!(a.stats(0).unwrap().cache_misses, 2);
+    a.deallocate(r, 0).unwrap();
+    assert_eq!(asked(&a), vec![1280, 640]);
+}
+
+#[test]
+fn under_a_limit_the_exact_size_is_used_when_the_class_does_not_fit() {
+    let a = counting(Some(2200));
+    let p = a.allocate(1000, 0, 256).unwrap(); // class 1024
+    let q = a.allocate(1100, 0, 256).unwrap(); // class 1280 would pass 2200: exact 1100
+    assert_eq!(asked(&a), vec![1024, 1100]);
+    assert_eq!(a.stats(0).unwrap().reserved_bytes, 2124);
+    assert!(matches!(a.allocate(100, 0, 256), Err(Error::OutOfMemory { .. })));
+    a.deallocate(p, 0).unwrap();
+    a.deallocate(q, 0).unwrap();
+}
+
+#[test]
+fn at_the_limit_as_few_cached_blocks_as_make_room_are_given_back() {
+    let a = counting(Some(10_000));
+    let ptrs: Vec<_> = [256usize, 512, 4096].iter().map(|&n| a.allocate(n, 0, 256).unwrap()).collect();
+    ptrs.iter().for_each(|&p| a.deallocate(p, 0).unwrap());
+    assert_eq!(a.stats(0).unwrap().cached_bytes, 4864);
+    // 8000 bytes need 2864 of the cache back: the 4096 block alone does it.
+    let p = a.allocate(8000, 0, 256).unwrap();
+    let s = a.stats(0).unwrap();
+    assert_eq!((s.cached_bytes, s.reserved_bytes), (768, 768 + 8192), "{s:?}");
+    // The small ones are still there to be reused.
+    let q = a.allocate(200, 0, 256).unwrap();
+    assert_eq!(a.stats(0).unwrap().cache_hits, 1);
+    a.deallocate(p, 0).unwrap();
+    a.deallocate(q, 0).unwrap();
+}
+
+#[test]
+fn when_the_device_runs_out_the_cache_goes_back_and_the_exact_size_is_tried() {
+    let a = counting(None);
+    let p = a.allocate(3000, 0, 256).unwrap(); // class 3072
+    a.deallocate(p, 0).unwrap();
+    a.pool(0).unwrap().storage().oom_above.store(5000, Ordering::SeqCst);
+    let q = a.allocate(4700, 0, 256).unwrap(); // class 5120: out of memory; exact 4700 fits
+    assert_eq!(asked(&a), vec![3072, 5120, 4700]);
+    let s = a.stats(0).unwrap();
+    assert_eq!((s.cached_bytes, s.reserved_bytes), (0, 4700), "{s:?}");
+    a.deallocate(q, 0).unwrap();
+}
+
+#[test]
+fn a_workload_that_repeats_with_new_labels_makes_no_device_allocation_after_its_first_step() {
+    let a = counting(None);
+    let shapes = [4096usize, 1 << 20, 3 << 18, 1000, 77_777];
+    let mut misses = Vec::new();
+    for step in 0..5 {
+        let ptrs: Vec<_> = shapes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| a.allocate_labeled(n, 0, 256, &format!("t{i}.step{step}")).unwrap())
+            .collect();
+        ptrs.into_iter().for_each(|p| a.deallocate(p, 0).unwrap());
+        misses.push(a.stats(0).unwrap().cache_misses);
+    }
+    assert_eq!(misses, vec![5; 5], "device allocations after each step");
+}
