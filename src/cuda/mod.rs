@@ -26,6 +26,7 @@
 
 mod context;
 mod errors;
+mod policy;
 mod staging;
 pub(crate) mod storage;
 

@@ -22,18 +22,12 @@ use cudarc::driver::{result, sys, CudaContext, DriverError};
 
 use super::context::{keeping_current, CtxGuard, Opened};
 use super::errors::driver_error;
+use super::policy;
 use super::staging::{CopyTuning, Pinned};
-use crate::checks::round_up;
 use crate::device::{Device, DeviceIndex, DeviceType};
 use crate::error::{Error, Result};
 use crate::storage::Storage;
 use crate::sync::Unpoisoned;
-
-/// The driver's base alignment of allocations.
-pub(crate) const DRIVER_ALIGNMENT: u64 = 256;
-/// Large requests round up to multiples of this (as PyTorch's caching allocator does), not to
-/// a size class: at GiB sizes a class would waste up to 25% of the card.
-const LARGE_ROUNDING: u64 = 2 << 20;
 
 /// One allocation: the raw `cuMemAlloc` pointer, its aligned start and its length; freed (with
 /// its context current) on drop.
@@ -189,11 +183,7 @@ impl Storage for CudaStorage {
     }
 
     fn size_class(&self, size: u64) -> Option<u64> {
-        if size >= 1 << 20 {
-            round_up(size, LARGE_ROUNDING)
-        } else {
-            crate::pool::default_size_class(size)
-        }
+        policy::size_class(size)
     }
 
     fn check_usable(&self) -> Result<()> {
@@ -225,21 +215,31 @@ impl Storage for CudaStorage {
         })
     }
 
+    /// Asks the driver for `capacity` bytes, and for room to align within only if its pointer
+    /// does not honour `alignment` (see `policy.rs`).
     fn alloc(&self, capacity: u64, alignment: u64, _params: &(), _name: &str) -> Result<CudaBlock> {
-        let extra = alignment.saturating_sub(DRIVER_ALIGNMENT);
-        let bytes = capacity.checked_add(extra).filter(|&b| b <= self.total).ok_or(Error::TooLarge {
-            requested: capacity,
-            max: self.total.saturating_sub(extra),
-            device: self.id,
-        })?;
+        if capacity > self.total {
+            return Err(Error::TooLarge { requested: capacity, max: self.total, device: self.id });
+        }
         let o = self.opened()?;
         let _g = CtxGuard::bind(&o.ctx, self.id)?;
-        // SAFETY: a plain device allocation in the current (devalloc's) context; freed once,
-        // by the block's Drop.
-        let raw = unsafe { result::malloc_sync(bytes as usize) }
-            .map_err(|e| driver_error(self.id, "allocating device memory", e, capacity))?;
-        let addr = round_up(raw, alignment.max(DRIVER_ALIGNMENT))
-            .ok_or_else(|| Error::invalid_argument("address overflows"))?;
+        let malloc = |bytes: u64| {
+            if bytes > self.total {
+                let room = bytes - capacity;
+                return Err(Error::TooLarge { requested: capacity, max: self.total - room, device: self.id });
+            }
+            // SAFETY: a plain device allocation in the current (devalloc's) context; freed once,
+            // by the block's Drop (or at once below, when it does not honour the alignment).
+            unsafe { result::malloc_sync(bytes as usize) }
+                .map_err(|e| driver_error(self.id, "allocating device memory", e, capacity))
+        };
+        let free = |raw: u64| {
+            // SAFETY: `raw` came from `cuMemAlloc` just now, in this context, and nothing refers to it.
+            if let Err(e) = unsafe { result::free_sync(raw) } {
+                log::warn!("devalloc: freeing a misaligned block on {}: {e}", self.id);
+            }
+        };
+        let policy::Raw { raw, addr, .. } = policy::aligned_alloc(capacity, alignment, malloc, free)?;
         Ok(CudaBlock {
             raw,
             addr,
@@ -304,7 +304,7 @@ impl Storage for CudaStorage {
         let _finished = SyncOnDrop(stream);
         if overlap {
             // cuMemcpy does not handle overlapping ranges: go through a temporary.
-            let tmp = self.alloc(len, DRIVER_ALIGNMENT, &(), "devalloc peer-copy temporary")?;
+            let tmp = self.alloc(len, policy::DRIVER_ALIGNMENT, &(), "devalloc peer-copy temporary")?;
             // Declared after `tmp`, so dropped (the stream waited for) before `tmp` is freed,
             // on an error path too.
             let _tmp_finished = SyncOnDrop(stream);

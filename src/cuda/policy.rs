@@ -1,0 +1,135 @@
+//! The CUDA backend's block policy, kept apart from the driver so that it is tested without a
+//! GPU: which capacity a request gets, and how an alignment past the driver's is honoured.
+//!
+//! - **Size classes.** Below 2 MiB, the pool's classes (four per power of two, at most a
+//!   quarter more than asked; a 1.1 MiB request takes 1.25 MiB, not 2 MiB). From 2 MiB, whole
+//!   2 MiB pages (as PyTorch rounds large blocks): the driver backs large allocations with
+//!   2 MiB pages, so the page a class rounds up to is memory the allocation takes anyway, and at
+//!   GiB sizes a quarter-step class would waste up to 25% of the card.
+//! - **Alignment.** `cuMemAlloc` returns 256-byte aligned pointers, and large allocations start
+//!   on their 2 MiB page. A block is asked for at its capacity first; only if that pointer does
+//!   not honour the alignment is it freed and the capacity asked again with `alignment - 256`
+//!   bytes of room to align within. So an 8 MiB block aligned to 4 KiB takes 8 MiB, not 10.
+
+use crate::checks::round_up;
+use crate::error::Result;
+
+/// The driver's base alignment of allocations.
+pub(crate) const DRIVER_ALIGNMENT: u64 = 256;
+/// The page of large allocations.
+pub(crate) const PAGE: u64 = 2 << 20;
+
+/// The capacity of a cached block for `size` bytes (see the module docs); `None` on overflow.
+pub(crate) fn size_class(size: u64) -> Option<u64> {
+    if size < PAGE {
+        crate::pool::default_size_class(size)
+    } else {
+        round_up(size, PAGE)
+    }
+}
+
+/// A block as the driver gave it: its raw pointer, the aligned start, and the bytes asked for.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Raw {
+    pub raw: u64,
+    pub addr: u64,
+    pub bytes: u64,
+}
+
+/// Allocates `capacity` bytes aligned to `alignment` through `malloc` (and `free`, for a first
+/// pointer that does not honour it): see the module docs.
+pub(crate) fn aligned_alloc(
+    capacity: u64,
+    alignment: u64,
+    mut malloc: impl FnMut(u64) -> Result<u64>,
+    mut free: impl FnMut(u64),
+) -> Result<Raw> {
+    let alignment = alignment.max(DRIVER_ALIGNMENT);
+    let raw = malloc(capacity)?;
+    if raw.is_multiple_of(alignment) {
+        return Ok(Raw { raw, addr: raw, bytes: capacity });
+    }
+    free(raw);
+    let bytes = capacity.saturating_add(alignment - DRIVER_ALIGNMENT);
+    let raw = malloc(bytes)?;
+    let addr = round_up(raw, alignment).ok_or_else(|| crate::Error::invalid_argument("address overflows"))?;
+    Ok(Raw { raw, addr, bytes })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn requests_of_1_to_2_mib_take_a_class_not_a_page() {
+        assert_eq!(size_class(MIB + 1), Some(MIB + MIB / 4));
+        assert_eq!(size_class(3 * MIB / 2 + 1), Some(7 * MIB / 4));
+        assert_eq!(size_class(2 * MIB - 1), Some(2 * MIB));
+        for s in (MIB..2 * MIB).step_by(4099) {
+            let c = size_class(s as u64).unwrap();
+            assert!(c >= s && c * 4 <= s * 5, "{s} -> {c}");
+        }
+        assert_eq!(size_class(2 * MIB), Some(2 * MIB));
+        assert_eq!(size_class(2 * MIB + 1), Some(4 * MIB));
+        assert_eq!(size_class((1 << 30) + 5), Some((1 << 30) + PAGE));
+        assert_eq!(size_class(u64::MAX), None);
+    }
+
+    /// A fake driver: hands out pointers from `next`, aligned to 2 MiB for large blocks and to
+    /// 256 bytes (but never to more) for small ones, and records what it was asked for.
+    struct Driver {
+        next: u64,
+        asked: Vec<u64>,
+        freed: Vec<u64>,
+    }
+
+    impl Driver {
+        fn new() -> Self {
+            Driver { next: 0x7f00_0000_0000, asked: Vec::new(), freed: Vec::new() }
+        }
+        fn malloc(&mut self, n: u64) -> Result<u64> {
+            self.asked.push(n);
+            let p = if n >= PAGE {
+                round_up(self.next, PAGE).unwrap()
+            } else {
+                round_up(self.next, 512).unwrap() + 256
+            };
+            self.next = p + n;
+            Ok(p)
+        }
+    }
+
+    fn alloc(d: &mut Driver, capacity: u64, alignment: u64) -> Raw {
+        let cell = std::cell::RefCell::new(d);
+        let raw = aligned_alloc(
+            capacity,
+            alignment,
+            |n| cell.borrow_mut().malloc(n),
+            |p| cell.borrow_mut().freed.push(p),
+        )
+        .unwrap();
+        assert!(raw.addr.is_multiple_of(alignment) && raw.addr >= raw.raw);
+        assert!(raw.addr + capacity <= raw.raw + raw.bytes, "the block fits in what was asked");
+        raw
+    }
+
+    #[test]
+    fn an_aligned_pointer_from_the_driver_costs_no_padding() {
+        let mut d = Driver::new();
+        let r = alloc(&mut d, 8 * MIB, 4096);
+        assert_eq!((r.bytes, d.asked.clone(), d.freed.len()), (8 * MIB, vec![8 * MIB], 0));
+        let r = alloc(&mut d, 4096, 256);
+        assert_eq!(r.bytes, 4096);
+        assert_eq!(d.asked.len(), 2, "asked once per block");
+    }
+
+    #[test]
+    fn a_misaligned_pointer_is_given_back_and_asked_again_with_room() {
+        let mut d = Driver::new();
+        let r = alloc(&mut d, 4096, 4096);
+        assert_eq!(d.asked, vec![4096, 4096 + 4096 - 256]);
+        assert_eq!((d.freed.len(), r.bytes), (1, 4096 + 3840));
+    }
+}
