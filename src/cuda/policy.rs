@@ -68,7 +68,7 @@ mod tests {
         assert_eq!(size_class(3 * MIB / 2 + 1), Some(7 * MIB / 4));
         assert_eq!(size_class(2 * MIB - 1), Some(2 * MIB));
         for s in (MIB..2 * MIB).step_by(4099) {
-            let c = size_class(s as u64).unwrap();
+            let c = size_class(s).unwrap();
             assert!(c >= s && c * 4 <= s * 5, "{s} -> {c}");
         }
         assert_eq!(size_class(2 * MIB), Some(2 * MIB));
