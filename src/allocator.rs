@@ -210,6 +210,13 @@ pub trait DeviceAllocator: WasmNotSendSync {
         Box::pin(std::future::ready(self.copy_device_to_host(dst, src, index)))
     }
 
+    /// Gives every cached block of every device back to the device (as PyTorch's
+    /// `empty_cache`); returns the bytes given back. Live allocations are untouched. Default:
+    /// nothing is cached, 0.
+    fn empty_cache(&self) -> u64 {
+        0
+    }
+
     /// Starts recording the newest `events` events of every device (allocations, frees, cache
     /// hits and misses, evictions, out of memory, planned buffers, copy counts), or with 0
     /// stops. Off by default; off, it costs nothing measurable. Default: [`Error::NotSupported`].

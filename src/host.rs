@@ -156,9 +156,10 @@ impl Storage for HostStorage {
 /// Host memory as a [`crate::DeviceAllocator`] for [`DeviceType::Cpu`], with one device
 /// (index 0).
 ///
-/// By default freed memory goes straight back to the system allocator; with
-/// [`PoolOptions::caching`] freed blocks are kept by size class and reused. Fresh memory is
-/// zeroed; reused cached memory holds its old bytes.
+/// By default freed blocks are kept by size class and reused (as by every built-in allocator;
+/// `empty_cache` gives them back); with [`PoolOptions::caching`] off, freed memory goes
+/// straight back to the system allocator. Fresh memory is zeroed; reused cached memory holds its
+/// old bytes.
 pub struct HostAllocator(PooledAllocator<HostStorage>);
 
 crate::pooled_allocator::pool_controls!(HostAllocator, HostStorage);
@@ -170,7 +171,7 @@ impl Default for HostAllocator {
 }
 
 impl HostAllocator {
-    /// A host allocator without caching or limit.
+    /// A host allocator with a cache and no limit.
     pub fn new() -> Self {
         Self::default()
     }

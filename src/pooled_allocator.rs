@@ -49,11 +49,6 @@ impl<S: Storage> PooledAllocator<S> {
         &self.pools
     }
 
-    /// Frees every cached block of every device; returns the bytes given back.
-    pub fn empty_cache(&self) -> u64 {
-        self.pools.iter().map(Pool::empty_cache).sum()
-    }
-
     /// Sets (or with `None` lifts) the memory limit of device `index`.
     pub fn set_memory_limit(&self, limit: Option<u64>, index: DeviceIndex) -> Result<()> {
         self.pool(index)?.set_memory_limit(limit);
@@ -183,11 +178,6 @@ macro_rules! pool_controls {
             /// The memory limit of device `index`.
             pub fn memory_limit(&self, index: crate::DeviceIndex) -> crate::Result<Option<u64>> {
                 Ok(self.0.pool(index)?.memory_limit())
-            }
-
-            /// Gives every cached block of every device back; returns the bytes given back.
-            pub fn empty_cache(&self) -> u64 {
-                self.0.empty_cache()
             }
 
             /// Every live allocation of device `index`, in address order.
@@ -325,6 +315,10 @@ impl<T: Pooled> DeviceAllocator for T {
             let pool = self.pooled().pool(index)?;
             pool.read_async(dst, src).await.map_err(|e| self.pooled().foreign(index, src, e))
         })
+    }
+
+    fn empty_cache(&self) -> u64 {
+        self.pooled().pools.iter().map(Pool::empty_cache).sum()
     }
 
     fn record_history(&self, events: usize) -> Result<()> {

@@ -60,10 +60,7 @@ pub struct CudaOptions {
 
 impl Default for CudaOptions {
     fn default() -> Self {
-        CudaOptions {
-            pool: PoolOptions { caching: true, ..PoolOptions::default() },
-            copies: CopyTuning::from_env(),
-        }
+        CudaOptions { pool: PoolOptions::default(), copies: CopyTuning::from_env() }
     }
 }
 

@@ -67,7 +67,7 @@ impl Default for WgpuOptions {
             power_preference: wgpu::PowerPreference::HighPerformance,
             required_limits: None,
             allow_software: true,
-            pool: PoolOptions { caching: true, ..PoolOptions::default() },
+            pool: PoolOptions::default(),
             route: None,
             usage: wgpu::BufferUsages::STORAGE,
             staging_chunk: None,

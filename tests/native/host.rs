@@ -10,7 +10,7 @@ fn host(config: PoolOptions) -> conformance::Made {
 }
 
 fn plain() -> conformance::Made {
-    host(PoolOptions::default())
+    host(PoolOptions { caching: false, ..PoolOptions::default() })
 }
 
 fn cached() -> conformance::Made {

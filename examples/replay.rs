@@ -1,0 +1,167 @@
+//! "Would it fit?": replays an allocation history through a real allocator and says what it
+//! held, how often it asked the device, when it stopped asking, and (with `--find-limit`) the
+//! smallest memory limit under which all of it fits, each beside the lower bound (the most bytes
+//! live at once).
+//!
+//!     cargo run --release --example replay -- FILE... [--backend host|vulkan|gl] [--limit BYTES] [--find-limit]
+//!
+//! FILE: a devalloc snapshot with history (`cargo run --example tour -- --snapshot FILE`, or
+//! the page's), one replay per device; or a MiniMalloc CSV (`id,lower,upper,size`: each buffer
+//! allocated at `lower`, freed at `upper`, in step order). Each replay ends with one line
+//! scripts can read:
+//!
+//!     replay: file=NAME backend=B lower_bound=N peak_live=N peak_reserved=N device_allocs=N steady_after=STEP [min_limit=N ratio=X]
+#[path = "support/logging.rs"]
+mod logging;
+
+use std::process::ExitCode;
+
+use devalloc::plan::Instance;
+use devalloc::replay::{find_min_limit, replay, Trace};
+use devalloc::snapshot::Snapshot;
+use devalloc::wgpu::{WgpuAllocator, WgpuOptions};
+use devalloc::{HostAllocator, PoolOptions};
+
+struct Args {
+    files: Vec<String>,
+    backend: String,
+    limit: Option<u64>,
+    find_limit: bool,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut args = Args { files: Vec::new(), backend: "host".into(), limit: None, find_limit: false };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--backend" => args.backend = it.next().ok_or("--backend needs host, vulkan or gl")?,
+            "--limit" => {
+                let v = it.next().ok_or("--limit needs a number of bytes")?;
+                args.limit = Some(v.parse().map_err(|_| format!("--limit: not a number of bytes: {v}"))?);
+            }
+            "--find-limit" => args.find_limit = true,
+            f if !f.starts_with("--") => args.files.push(f.to_string()),
+            other => return Err(format!("unknown option {other}")),
+        }
+    }
+    if args.files.is_empty() {
+        return Err("name a snapshot (JSON) or a MiniMalloc CSV".into());
+    }
+    if !["host", "vulkan", "gl"].contains(&args.backend.as_str()) {
+        return Err(format!("--backend: host, vulkan or gl, not {}", args.backend));
+    }
+    Ok(args)
+}
+
+/// The traces in `path`: one per device with history (a snapshot), or one (a CSV).
+fn traces(path: &str) -> Result<Vec<(String, Trace)>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+    let name =
+        std::path::Path::new(path).file_name().map_or(path.into(), |n| n.to_string_lossy().into_owned());
+    if path.ends_with(".csv") {
+        let inst = Instance::from_csv(&name, &text).map_err(|e| e.to_string())?;
+        return Ok(vec![(name, Trace::from_tensors(&inst.tensors, None))]);
+    }
+    let snap = Snapshot::from_json(&text).map_err(|e| format!("{path}: {e}"))?;
+    let found: Vec<_> = snap
+        .devices
+        .iter()
+        .filter_map(|d| d.history.as_ref().map(|h| (format!("{name}#{}", d.device), Trace::from_history(h))))
+        .collect();
+    if found.is_empty() {
+        return Err(format!("{path}: no device in the snapshot has a history (record with record_history)"));
+    }
+    Ok(found)
+}
+
+fn run<T: devalloc::backend::Pooled>(
+    name: &str,
+    trace: &Trace,
+    args: &Args,
+    make: impl Fn() -> devalloc::Result<T>,
+) -> devalloc::Result<()> {
+    let lb = trace.lower_bound();
+    let a = make()?;
+    a.pooled().set_memory_limit(args.limit, 0)?;
+    let r = replay(&a, 0, trace)?;
+    let ratio = |v: u64| if lb == 0 { 0.0 } else { v as f64 / lb as f64 };
+    println!("\n{name} on {} ({} events, lower bound {lb} bytes)", args.backend, trace.events.len());
+    if trace.orphan_frees > 0 {
+        println!("  {} frees of allocations older than the history were left out", trace.orphan_frees);
+    }
+    if let Some(limit) = args.limit {
+        match &r.failure {
+            None => println!("  under a limit of {limit} bytes: replays whole"),
+            Some(f) => println!(
+                "  under a limit of {limit} bytes: fails first at step {} (event {}): {}",
+                f.step, f.event, f.error
+            ),
+        }
+    }
+    println!("  peak live      {:>12}  {:.3}x", r.peak_live, ratio(r.peak_live));
+    println!("  peak reserved  {:>12}  {:.3}x (devalloc's)", r.peak_reserved, ratio(r.peak_reserved));
+    if let Some(b) = r.backend_peak_reserved {
+        println!("  backend        {:>12}  {:.3}x (the backend's own report)", b, ratio(b));
+    }
+    let steady = r.steady_after.map_or("none".to_string(), |s| s.to_string());
+    println!(
+        "  device allocations {}, cache hits {}, no device allocation after step {steady}",
+        r.device_allocations, r.cache_hits
+    );
+    let mut line = format!(
+        "replay: file={name} backend={} lower_bound={lb} peak_live={} peak_reserved={} device_allocs={} steady_after={steady}",
+        args.backend, r.peak_live, r.peak_reserved, r.device_allocations
+    );
+    if args.find_limit {
+        match find_min_limit(&make, 0, trace)? {
+            Some(min) => {
+                println!("  smallest limit {:>12}  {:.3}x", min, ratio(min));
+                line += &format!(" min_limit={min} ratio={:.3}", ratio(min));
+            }
+            None => println!("  no limit: the replay fails even without one"),
+        }
+    }
+    println!("{line}");
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    logging::init("warn");
+    let args = match parse() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("replay: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut failed = false;
+    for path in &args.files {
+        let found = match traces(path) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("replay: {e}");
+                failed = true;
+                continue;
+            }
+        };
+        for (name, trace) in found {
+            let cached = PoolOptions { caching: true, ..PoolOptions::default() };
+            let done = match args.backend.as_str() {
+                "host" => run(&name, &trace, &args, || HostAllocator::with_options(cached.clone())),
+                b => {
+                    let backend = if b == "gl" { wgpu::Backend::Gl } else { wgpu::Backend::Vulkan };
+                    run(&name, &trace, &args, || WgpuAllocator::with_options(backend, WgpuOptions::default()))
+                }
+            };
+            if let Err(e) = done {
+                eprintln!("replay: {name}: {e}");
+                failed = true;
+            }
+        }
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
