@@ -50,7 +50,7 @@ use crate::ptr::DevicePtr;
 pub use ::cudarc as api;
 
 /// Options of a [`CudaAllocator`].
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct CudaOptions {
     /// The pool's settings (caching on by default; the limit applies per device).
     pub pool: PoolOptions,
@@ -58,11 +58,6 @@ pub struct CudaOptions {
     pub copies: CopyTuning,
 }
 
-impl Default for CudaOptions {
-    fn default() -> Self {
-        CudaOptions { pool: PoolOptions::default(), copies: CopyTuning::from_env() }
-    }
-}
 
 /// CUDA device memory behind the [`crate::DeviceAllocator`] contract; see the module docs.
 pub struct CudaAllocator(PooledAllocator<CudaStorage>);
