@@ -76,7 +76,14 @@
 //! - **The registry**: [`DeviceAllocatorRegistry`], [`register_device_allocator`],
 //!   [`get_device_allocator`], [`copy_across_devices`], [`register_available`] with its
 //!   [`Registration`] / [`RegistrationOutcome`].
-//! - **Owning memory**: [`DeviceMemoryBuffer`], [`PlannedMemory`], [`PlanLayout`].
+//! - **Owning memory**: [`DeviceMemoryBuffer`], [`PlannedMemory`] (from sizes, or from a
+//!   planner's [`plan::MemoryPlan`]), [`PlanLayout`] (tensors one after another, no reuse).
+//! - **[`plan`]**: memory plans that reuse memory: `plan(tensors, alignment, Strategy::Fast |
+//!   Strategy::Search { budget_ms })`, the validity `check`, `lower_bound`, the peers
+//!   (`one_after_another`, `greedy_by_size`, `executorch_greedy`), `TensorLife`, `MemoryPlan`,
+//!   and MiniMalloc's CSV format (`Instance`).
+//! - **[`replay`]**: "would it fit?": a recorded history (or buffers with lifetimes) replayed
+//!   through a real allocator (`Trace`, `replay`, `find_min_limit`, `ReplayReport`).
 //! - **Host memory**: [`HostAllocator`], with the pool settings every built-in allocator shares,
 //!   [`PoolOptions`].
 //! - **[`wgpu`]** (a wgpu feature): `WgpuAllocator`, `WgpuOptions`, `Route`, `BufferRequest`,

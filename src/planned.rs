@@ -219,6 +219,30 @@ impl<'a> PlannedMemory<'a> {
         Ok(plan)
     }
 
+    /// One planned buffer (memory id 0) as large as `plan` says, for the tensors it placed;
+    /// [`PlannedMemory::tensor`] gives each one's address.
+    pub fn from_plan(
+        allocator: &'a dyn DeviceAllocator,
+        index: DeviceIndex,
+        plan: &crate::plan::MemoryPlan,
+    ) -> Result<Self> {
+        let size = usize::try_from(plan.size()).map_err(|_| {
+            Error::invalid_argument(format!("a plan of {} bytes does not fit in usize", plan.size()))
+        })?;
+        Self::new(allocator, index, &[size])
+    }
+
+    /// The address of tensor `i` of `plan` in memory id 0 (the plan this memory was made for
+    /// with [`PlannedMemory::from_plan`]; another plan's tensors are checked against the buffer's
+    /// size like any offset).
+    pub fn tensor(&self, plan: &crate::plan::MemoryPlan, i: usize) -> Result<DevicePtr> {
+        let (offset, size) = plan.tensor(i).ok_or_else(|| {
+            Error::invalid_argument(format!("the plan has {} tensors, not {}", plan.len(), i + 1))
+        })?;
+        let big = |v: u64| usize::try_from(v).map_err(|_| Error::invalid_argument("an offset past usize"));
+        self.get_offset_address(0, big(offset)?, big(size)?)
+    }
+
     /// The device the planned buffers live on.
     pub fn device(&self) -> Device {
         Device::new(self.allocator.device_type(), self.index)

@@ -1,0 +1,218 @@
+//! A small dense network in WGSL on devalloc memory, shared by `examples/mlp.rs` and the browser
+//! demo (`web/src/network.rs`): weights and biases in labelled devalloc allocations, each layer's
+//! dims in an app-made uniform buffer (beside devalloc's memory in the same bind groups), and
+//! the activations at offsets of one planned buffer that the planner laid out so that
+//! activations whose lifetimes do not overlap share bytes. Checked against the CPU.
+//!
+//! Things a wgpu app needs to know, shown here:
+//! - The plan's offsets are multiples of `binding_alignment`, so each activation can be bound
+//!   on its own; `binding(kind)` checks offset, size and usage against the device.
+//! - wgpu tracks usage per *buffer*: two tensors of one planned buffer in one dispatch must
+//!   have the same access, so every activation here is `read_write` (binding one as `read` and
+//!   another as `read_write` is refused). Tensors live at one step never overlap in a plan, so
+//!   a layer's input and output never alias.
+#![allow(dead_code)]
+
+use devalloc::plan::{self, MemoryPlan, Strategy, TensorLife};
+use devalloc::wgpu::api as wgpu;
+use devalloc::wgpu::{BindingKind, BufferRequest, WgpuAllocator};
+use devalloc::{DeviceAllocator, DevicePtr, PlannedMemory};
+
+const DENSE: &str = r#"
+struct Dims { batch: u32, inputs: u32, outputs: u32, relu: u32 }
+@group(0) @binding(0) var<uniform> dims: Dims;
+@group(0) @binding(1) var<storage, read_write> x: array<f32>;
+@group(0) @binding(2) var<storage, read> w: array<f32>;
+@group(0) @binding(3) var<storage, read> bias: array<f32>;
+@group(0) @binding(4) var<storage, read_write> y: array<f32>;
+
+@compute @workgroup_size(64)
+fn dense(@builtin(global_invocation_id) id: vec3<u32>) {
+    let n = dims.batch * dims.outputs;
+    if (id.x >= n) { return; }
+    let b = id.x / dims.outputs;
+    let o = id.x % dims.outputs;
+    var acc = bias[o];
+    for (var i = 0u; i < dims.inputs; i++) {
+        acc += x[b * dims.inputs + i] * w[i * dims.outputs + o];
+    }
+    if (dims.relu == 1u) { acc = max(acc, 0.0); }
+    y[id.x] = acc;
+}
+"#;
+
+/// Deterministic values in [-1, 1].
+pub fn values(n: usize, seed: u32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(2_654_435_761) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            (s % 2001) as f32 / 1000.0 - 1.0
+        })
+        .collect()
+}
+
+/// What a run did: the largest difference from the CPU, and the plan of the activations.
+pub struct Report {
+    /// max |gpu - cpu| over the output.
+    pub worst: f32,
+    /// The activations' plan (offsets in the planned buffer, its size, the lower bound).
+    pub plan: MemoryPlan,
+    /// The activations as planned: (label, bytes, first step, last step).
+    pub tensors: Vec<(String, u64, u64, u64)>,
+    /// Bytes the activations would take one after another (no reuse).
+    pub unplanned: u64,
+}
+
+/// The activations' lifetimes: activation `l` is written at step `l - 1` (layer `l - 1`) and
+/// read at step `l` (the input at step 0, the output at the last step and after).
+fn activations(batch: usize, widths: &[usize]) -> Vec<TensorLife> {
+    let layers = widths.len() as u64 - 1;
+    widths
+        .iter()
+        .enumerate()
+        .map(|(l, &n)| {
+            let l = l as u64;
+            TensorLife { size: (batch * n * 4) as u64, first: l.saturating_sub(1), last: l.min(layers) }
+        })
+        .collect()
+}
+
+/// Runs `widths.len() - 1` dense layers (ReLU between them) on a batch of `batch`, on device
+/// 0 of `a`; everything it allocates is freed before it returns.
+pub async fn run(a: &WgpuAllocator, widths: &[usize], batch: usize) -> devalloc::Result<Report> {
+    let device = a.device(0)?.clone();
+    let queue = a.queue(0)?.clone();
+    if device.limits().max_compute_workgroups_per_dimension == 0 {
+        // WebGL2 has no compute shaders: say so, rather than let wgpu refuse the pipeline.
+        return Err(devalloc::Error::NotSupported {
+            operation: "run_network",
+            device_type: a.device_type(),
+            reason: "this device has no compute shaders (WebGL2 has none); the network needs them".into(),
+        });
+    }
+    let layers = widths.len() - 1;
+    // Weights and biases: one labelled allocation each.
+    let (mut params, mut host) = (Vec::new(), Vec::new());
+    for l in 0..layers {
+        let w = values(widths[l] * widths[l + 1], 2 * l as u32 + 1);
+        let b = values(widths[l + 1], 2 * l as u32 + 2);
+        let mut ptrs = [DevicePtr::NULL; 2];
+        for (k, (data, name)) in [(&w, "w"), (&b, "b")].into_iter().enumerate() {
+            let p = a.allocate_request(
+                &BufferRequest::new(data.len() * 4).label(&format!("{name}.layer{l}")),
+                0,
+            )?;
+            a.copy_host_to_device_async(p, bytemuck::cast_slice(data), 0).await?;
+            ptrs[k] = p;
+        }
+        params.push(ptrs);
+        host.push((w, b));
+    }
+    // Activations: planned so that those never live at once share bytes, at bindable offsets.
+    let lives = activations(batch, widths);
+    let plan = plan::plan(&lives, a.binding_alignment(0)? as u64, Strategy::Fast)?;
+    let memory = PlannedMemory::from_plan(a, 0, &plan)?;
+    let acts: Vec<DevicePtr> =
+        (0..lives.len()).map(|i| memory.tensor(&plan, i)).collect::<devalloc::Result<_>>()?;
+    let x = values(batch * widths[0], 99);
+    a.copy_host_to_device_async(acts[0], bytemuck::cast_slice(&x), 0).await?;
+    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some("dense"),
+        source: wgpu::ShaderSource::Wgsl(DENSE.into()),
+    });
+    let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some("dense"),
+        layout: None,
+        module: &module,
+        entry_point: Some("dense"),
+        compilation_options: Default::default(),
+        cache: None,
+    });
+    let mut enc = device.create_command_encoder(&Default::default());
+    for l in 0..layers {
+        // The app's own uniform buffer, in the same bind group as devalloc's memory.
+        let dims = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("app dims"),
+            size: 16,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let relu = u32::from(l + 1 < layers);
+        queue.write_buffer(
+            &dims,
+            0,
+            bytemuck::cast_slice(&[batch as u32, widths[l] as u32, widths[l + 1] as u32, relu]),
+        );
+        let (xr, wr, br, yr) = (
+            a.buffer_range(acts[l], lives[l].size, 0)?,
+            a.buffer(params[l][0], 0)?,
+            a.buffer(params[l][1], 0)?,
+            a.buffer_range(acts[l + 1], lives[l + 1].size, 0)?,
+        );
+        let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("dense"),
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &[
+                wgpu::BindGroupEntry { binding: 0, resource: dims.as_entire_binding() },
+                storage(1, &xr)?,
+                storage(2, &wr)?,
+                storage(3, &br)?,
+                storage(4, &yr)?,
+            ],
+        });
+        let mut pass = enc.begin_compute_pass(&Default::default());
+        pass.set_pipeline(&pipeline);
+        pass.set_bind_group(0, &group, &[]);
+        pass.dispatch_workgroups((batch * widths[l + 1]).div_ceil(64) as u32, 1, 1);
+    }
+    queue.submit([enc.finish()]);
+    let mut out = vec![0f32; batch * widths[layers]];
+    a.copy_device_to_host_async(bytemuck::cast_slice_mut(&mut out), acts[layers], 0).await?;
+    let worst =
+        out.iter().zip(&cpu(&x, &host, batch, widths)).map(|(g, c)| (g - c).abs()).fold(0f32, f32::max);
+    drop(memory);
+    for p in params.into_iter().flatten() {
+        a.deallocate(p, 0)?;
+    }
+    let unplanned = lives.iter().map(|t| t.size).sum();
+    let tensors = lives
+        .iter()
+        .enumerate()
+        .map(|(l, t)| {
+            (if l == 0 { "input".into() } else { format!("act.layer{l}") }, t.size, t.first, t.last)
+        })
+        .collect();
+    Ok(Report { worst, plan, tensors, unplanned })
+}
+
+/// A bind group entry for `range` as a storage binding (checked against the device's limits).
+fn storage(binding: u32, range: &devalloc::wgpu::BufferRange) -> devalloc::Result<wgpu::BindGroupEntry<'_>> {
+    Ok(wgpu::BindGroupEntry {
+        binding,
+        resource: wgpu::BindingResource::Buffer(range.binding(BindingKind::Storage)?),
+    })
+}
+
+/// The network on the CPU.
+fn cpu(x: &[f32], params: &[(Vec<f32>, Vec<f32>)], batch: usize, widths: &[usize]) -> Vec<f32> {
+    let layers = widths.len() - 1;
+    let mut h = x.to_vec();
+    for (l, (w, b)) in params.iter().enumerate() {
+        let (n_in, n_out) = (widths[l], widths[l + 1]);
+        let mut next = vec![0f32; batch * n_out];
+        for r in 0..batch {
+            for o in 0..n_out {
+                let mut acc = b[o];
+                for i in 0..n_in {
+                    acc += h[r * n_in + i] * w[i * n_out + o];
+                }
+                next[r * n_out + o] = if l + 1 < layers { acc.max(0.0) } else { acc };
+            }
+        }
+        h = next;
+    }
+    h
+}
