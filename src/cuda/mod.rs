@@ -58,7 +58,6 @@ pub struct CudaOptions {
     pub copies: CopyTuning,
 }
 
-
 /// CUDA device memory behind the [`crate::DeviceAllocator`] contract; see the module docs.
 pub struct CudaAllocator(PooledAllocator<CudaStorage>);
 
