@@ -103,12 +103,7 @@ impl<'a> Mapping<'a> {
     fn copy(
         &self,
         piece: (Range<u64>, usize, Range<usize>),
-        f: &mut impl FnMut(
-            &wgpu::Buffer,
-            Range<u64>,
-            usize,
-            Range<usize>,
-        ) -> std::result::Result<(), wgpu::MapRangeError>,
+        f: &mut impl FnMut(&wgpu::Buffer, Range<u64>, usize, Range<usize>) -> MapCopy,
     ) -> Result<()> {
         let gpu = self.unmap.gpu;
         let r = f(self.unmap.buffer, piece.0, piece.1, piece.2)
@@ -126,12 +121,7 @@ async fn with_mapped(
     map_mode: wgpu::MapMode,
     (offset, len): (u64, usize),
     mode: Mode,
-    mut f: impl FnMut(
-        &wgpu::Buffer,
-        Range<u64>,
-        usize,
-        Range<usize>,
-    ) -> std::result::Result<(), wgpu::MapRangeError>,
+    mut f: impl FnMut(&wgpu::Buffer, Range<u64>, usize, Range<usize>) -> MapCopy,
 ) -> Result<()> {
     let _guard = block.lock.lock().await;
     let (tx, mapped) = futures_channel::oneshot::channel();
@@ -158,12 +148,7 @@ fn with_mapped_blocking(
     map_mode: wgpu::MapMode,
     offset: u64,
     len: usize,
-    mut f: impl FnMut(
-        &wgpu::Buffer,
-        Range<u64>,
-        usize,
-        Range<usize>,
-    ) -> std::result::Result<(), wgpu::MapRangeError>,
+    mut f: impl FnMut(&wgpu::Buffer, Range<u64>, usize, Range<usize>) -> MapCopy,
 ) -> Result<()> {
     const PENDING: u8 = 0;
     const MAPPED: u8 = 1;
@@ -183,6 +168,28 @@ fn with_mapped_blocking(
     copied
 }
 
+/// What a copy into or out of one mapped piece gives.
+type MapCopy = std::result::Result<(), wgpu::MapRangeError>;
+
+/// The copy into each mapped piece from `src`.
+fn copy_from(src: &[u8]) -> impl FnMut(&wgpu::Buffer, Range<u64>, usize, Range<usize>) -> MapCopy + '_ {
+    move |buffer, piece, at, part| {
+        buffer
+            .get_mapped_range_mut(piece)
+            .map(|mut view| view.slice(at..at + part.len()).copy_from_slice(&src[part]))
+    }
+}
+
+/// The copy out of each mapped piece into `dst`.
+fn copy_into(dst: &mut [u8]) -> impl FnMut(&wgpu::Buffer, Range<u64>, usize, Range<usize>) -> MapCopy + '_ {
+    move |buffer, piece, at, part| {
+        buffer.get_mapped_range(piece).map(|view| {
+            let n = part.len();
+            dst[part].copy_from_slice(&view[at..at + n])
+        })
+    }
+}
+
 /// Writes `src` at `offset` of `block` (async, or blocking through the futures).
 pub(crate) async fn write(
     gpu: &Gpu,
@@ -192,20 +199,7 @@ pub(crate) async fn write(
     src: &[u8],
     mode: Mode,
 ) -> Result<()> {
-    with_mapped(
-        gpu,
-        chunk,
-        block,
-        wgpu::MapMode::Write,
-        (offset, src.len()),
-        mode,
-        |buffer, piece, at, part| {
-            buffer
-                .get_mapped_range_mut(piece)
-                .map(|mut view| view.slice(at..at + part.len()).copy_from_slice(&src[part]))
-        },
-    )
-    .await
+    with_mapped(gpu, chunk, block, wgpu::MapMode::Write, (offset, src.len()), mode, copy_from(src)).await
 }
 
 /// Reads `dst.len()` bytes at `offset` of `block`.
@@ -217,38 +211,17 @@ pub(crate) async fn read(
     dst: &mut [u8],
     mode: Mode,
 ) -> Result<()> {
-    with_mapped(
-        gpu,
-        chunk,
-        block,
-        wgpu::MapMode::Read,
-        (offset, dst.len()),
-        mode,
-        |buffer, piece, at, part| {
-            buffer.get_mapped_range(piece).map(|view| {
-                let n = part.len();
-                dst[part].copy_from_slice(&view[at..at + n])
-            })
-        },
-    )
-    .await
+    let len = dst.len();
+    with_mapped(gpu, chunk, block, wgpu::MapMode::Read, (offset, len), mode, copy_into(dst)).await
 }
 
 /// A blocking write.
 pub(crate) fn write_blocking(gpu: &Gpu, block: &WgpuBlock, offset: u64, src: &[u8]) -> Result<()> {
-    with_mapped_blocking(gpu, block, wgpu::MapMode::Write, offset, src.len(), |buffer, piece, at, part| {
-        buffer
-            .get_mapped_range_mut(piece)
-            .map(|mut view| view.slice(at..at + part.len()).copy_from_slice(&src[part]))
-    })
+    with_mapped_blocking(gpu, block, wgpu::MapMode::Write, offset, src.len(), copy_from(src))
 }
 
 /// A blocking read.
 pub(crate) fn read_blocking(gpu: &Gpu, block: &WgpuBlock, offset: u64, dst: &mut [u8]) -> Result<()> {
-    with_mapped_blocking(gpu, block, wgpu::MapMode::Read, offset, dst.len(), |buffer, piece, at, part| {
-        buffer.get_mapped_range(piece).map(|view| {
-            let n = part.len();
-            dst[part].copy_from_slice(&view[at..at + n])
-        })
-    })
+    let len = dst.len();
+    with_mapped_blocking(gpu, block, wgpu::MapMode::Read, offset, len, copy_into(dst))
 }

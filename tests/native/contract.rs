@@ -3,6 +3,7 @@
 //! through `devalloc::backend`) stand in for devices, so these run everywhere, Miri included.
 
 use crate::conformance;
+use crate::pool_policy::Counting;
 
 use devalloc::backend::{HostStorage, Pool, PooledAllocator, Storage};
 use devalloc::PoolOptions;
@@ -44,32 +45,6 @@ impl Storage for Indexed {
     }
     fn copy(&self, s: &Self::Block, so: u64, d: &Self::Block, d_o: u64, len: u64) -> Result<()> {
         self.host.copy(s, so, d, d_o, len)
-    }
-}
-
-/// Bookkeeping only: blocks hold no memory, so sizes up to 2^47 cost nothing.
-struct Weightless(Device);
-
-impl Storage for Weightless {
-    type Block = u64;
-    type Params = ();
-    fn device(&self) -> Device {
-        self.0
-    }
-    fn max_block_size(&self) -> u64 {
-        1 << 47
-    }
-    fn alloc(&self, capacity: u64, _: u64, _: &(), _: &str) -> Result<u64> {
-        Ok(capacity)
-    }
-    fn write(&self, _: &u64, _: u64, _: &[u8]) -> Result<()> {
-        Ok(())
-    }
-    fn read(&self, _: &u64, _: u64, _: &mut [u8]) -> Result<()> {
-        Ok(())
-    }
-    fn copy(&self, _: &u64, _: u64, _: &u64, _: u64, _: u64) -> Result<()> {
-        Ok(())
     }
 }
 
@@ -181,7 +156,7 @@ fn bounced_copies_are_whole_or_nothing() {
 #[test]
 fn stale_pointers_never_reach_a_newer_allocation_while_the_window_has_room() {
     // The case that broke the old 2^48 window: 256 rounds of 1 TiB (weightless blocks).
-    let pool = Pool::new(Weightless(Device::new(DeviceType::Cpu, 0)), PoolOptions::default()).unwrap();
+    let pool = Pool::new(Counting::new(), PoolOptions::default()).unwrap();
     let mut stale = Vec::new();
     for _ in 0..300 {
         let p = pool.allocate(1 << 40, 256).unwrap();
@@ -200,7 +175,7 @@ fn stale_pointers_never_reach_a_newer_allocation_while_the_window_has_room() {
 #[test]
 fn in_a_full_small_window_the_least_recently_freed_range_is_reused_first() {
     let config = PoolOptions { address_window: 1 << 17, ..PoolOptions::default() };
-    let pool = Pool::new(Weightless(Device::new(DeviceType::Cpu, 0)), config).unwrap();
+    let pool = Pool::new(Counting::new(), config).unwrap();
     // Fill the window (64 KiB usable: 15 x 4 KiB spans), then free in a scrambled order.
     let mut ptrs = Vec::new();
     while let Ok(p) = pool.allocate(4000, 256) {
@@ -419,8 +394,8 @@ fn two_allocators_of_one_device_never_hold_one_address_however_far_they_go() {
     // one allocator takes 2 TiB of addresses a round, the other 1 TiB. The storage holds no
     // memory (addresses only).
     let (a, b) = (
-        Pool::new(Weightless(Device::new(DeviceType::Cpu, 0)), PoolOptions::default()).unwrap(),
-        Pool::new(Weightless(Device::new(DeviceType::Cpu, 0)), PoolOptions::default()).unwrap(),
+        Pool::new(Counting::new(), PoolOptions::default()).unwrap(),
+        Pool::new(Counting::new(), PoolOptions::default()).unwrap(),
     );
     let rounds = if cfg!(miri) { 40 } else { 20_000 };
     for _ in 0..rounds {

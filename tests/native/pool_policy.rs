@@ -9,11 +9,18 @@ use std::sync::Mutex;
 use devalloc::backend::{Pool, PooledAllocator, Storage};
 use devalloc::{Device, DeviceAllocator, DeviceType, Error, PoolOptions, Result};
 
-/// Blocks that hold no memory; remembers every capacity asked for, and runs out of memory for
-/// blocks larger than `oom_above`.
-struct Counting {
+/// Bookkeeping only: blocks hold no memory (so sizes up to 2^47 cost nothing); remembers every
+/// capacity asked for, and runs out of memory for blocks larger than `oom_above`.
+pub struct Counting {
     asked: Mutex<Vec<u64>>,
     oom_above: AtomicU64,
+}
+
+impl Counting {
+    /// A counting storage of `cpu:0` that never runs out.
+    pub fn new() -> Self {
+        Counting { asked: Mutex::new(Vec::new()), oom_above: AtomicU64::new(u64::MAX) }
+    }
 }
 
 impl Storage for Counting {
@@ -23,7 +30,7 @@ impl Storage for Counting {
         Device::new(DeviceType::Cpu, 0)
     }
     fn max_block_size(&self) -> u64 {
-        1 << 40
+        1 << 47
     }
     fn alloc(&self, capacity: u64, _: u64, _: &(), name: &str) -> Result<u64> {
         assert!(name.starts_with("devalloc block "), "{name}");
@@ -49,7 +56,7 @@ impl Storage for Counting {
 }
 
 fn counting(limit: Option<u64>) -> PooledAllocator<Counting> {
-    let storage = Counting { asked: Mutex::new(Vec::new()), oom_above: AtomicU64::new(u64::MAX) };
+    let storage = Counting::new();
     let options = PoolOptions { caching: true, memory_limit: limit, ..PoolOptions::default() };
     PooledAllocator::from_pools(DeviceType::Cpu, vec![Pool::new(storage, options).unwrap()]).unwrap()
 }
