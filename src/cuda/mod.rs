@@ -19,16 +19,22 @@
 //! - the caller's current context is the same after every devalloc call (`context.rs`);
 //! - dropping the allocator waits for copies in flight before their pinned buffers go.
 //!
-//! Files: `errors.rs` (driver errors), `context.rs` (lazy contexts, the context guard),
-//! `storage.rs` (memory, small copies, device-to-device and peer copies), `staging.rs` (large
-//! copies through pinned buffers and a copy thread pool, tunable by environment).
+//! Files: `errors.rs` (driver errors), `context.rs` (the context guard), `open.rs` (contexts
+//! opened on first use, streams lent per copy), `storage.rs` (memory, small copies),
+//! `tuning.rs` (staging settings, checked, and chunk plans), `pipeline.rs` (the order of a
+//! staged copy's steps), `staging.rs` (large copies through pinned buffers and copy threads),
+//! `copy.rs` (device-to-device and peer copies), `policy.rs` (block sizes).
 #![allow(unsafe_code)] // at the edge: every unsafe block has a SAFETY note
 
 mod context;
+mod copy;
 mod errors;
+mod open;
+mod pipeline;
 mod policy;
 mod staging;
 pub(crate) mod storage;
+mod tuning;
 
 use std::sync::Arc;
 
@@ -37,8 +43,9 @@ use cudarc::driver::result;
 use self::errors::driver_present;
 pub use self::errors::loaded_library;
 use self::errors::{driver_error, means_no_driver};
-pub use self::staging::CopyTuning;
 use self::storage::CudaStorage;
+pub use self::tuning::CopyTuning;
+use self::tuning::Tuning;
 use crate::device::{Device, DeviceIndex, DeviceType};
 use crate::error::{Error, Result};
 use crate::pool::{Pool, PoolOptions};
@@ -54,10 +61,10 @@ pub use ::cudarc as api;
 pub struct CudaOptions {
     /// The pool's settings (caching on by default; the limit applies per device).
     pub pool: PoolOptions,
-    /// How large copies are staged (from `DEVALLOC_CUDA_*` by default).
+    /// How large copies are staged (from `DEVALLOC_CUDA_*` by default). Any values are taken:
+    /// the allocator runs with [`CopyTuning::checked`]'s.
     pub copies: CopyTuning,
 }
-
 
 /// CUDA device memory behind the [`crate::DeviceAllocator`] contract; see the module docs.
 pub struct CudaAllocator(PooledAllocator<CudaStorage>);
@@ -100,8 +107,9 @@ impl CudaAllocator {
             }
             Err(e) => return Err(driver_error(first, "counting devices", e, 0)),
         };
-        let copies = options.copies.clone().checked();
-        let threads = copies.threads;
+        // The checked tuning, the only kind a storage takes.
+        let tuning = Tuning::new(&options.copies);
+        let threads = tuning.get().threads;
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("devalloc-cuda-copy-{i}"))
@@ -109,12 +117,7 @@ impl CudaAllocator {
             .map_err(|e| Error::backend(first, format!("starting {threads} copy threads: {e}")))?;
         let pool = Arc::new(pool);
         let pools = (0..count)
-            .map(|i| {
-                Pool::new(
-                    CudaStorage::new(i, options.copies.clone(), Arc::clone(&pool))?,
-                    options.pool.clone(),
-                )
-            })
+            .map(|i| Pool::new(CudaStorage::new(i, tuning.clone(), Arc::clone(&pool))?, options.pool.clone()))
             .collect::<Result<Vec<_>>>()?;
         Ok(CudaAllocator(PooledAllocator::from_pools(DeviceType::Cuda, pools)?))
     }
@@ -157,10 +160,22 @@ mod tests {
     }
 
     #[test]
-    fn copy_tuning_reads_the_environment_and_splits_copies() {
-        let t = CopyTuning { pinned_threshold: 1 << 20, chunk: 8 << 20, buffers: 4, threads: 4 };
-        assert_eq!(t, CopyTuning { ..t.clone() });
-        let d = CopyTuning::from_env();
-        assert!(d.buffers >= 2 && d.chunk > 0 && d.threads > 0 && d.pinned_threshold > 0);
+    fn hostile_options_never_panic() {
+        let zeros =
+            CopyTuning { pinned_threshold: 0, chunk: 0, buffers: 0, threads: 0, write_combined: false };
+        let huge = CopyTuning {
+            pinned_threshold: usize::MAX,
+            chunk: usize::MAX,
+            buffers: usize::MAX,
+            threads: usize::MAX,
+            write_combined: true,
+        };
+        for copies in [zeros, huge] {
+            let pool = PoolOptions { memory_limit: Some(0), address_window: 3, ..PoolOptions::default() };
+            match CudaAllocator::with_options(CudaOptions { pool, copies }) {
+                Ok(_) => eprintln!("a CUDA driver is here: the options were taken"),
+                Err(e) => eprintln!("{e}"),
+            }
+        }
     }
 }
