@@ -247,9 +247,14 @@ fn a_step_that_panics_fails_the_copy_instead_of_hanging() {
             Ok(())
         }
     }
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(4).build().unwrap();
     for (way, threads) in [(Way::Up, 4), (Way::Down, 4), (Way::Up, 1), (Way::Down, 1)] {
-        let e = run(way, 10, 3, &pool, threads, &Panics, DEV).expect_err("a panic is an error");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(4).build().unwrap();
+            tx.send(run(way, 10, 3, &pool, threads, &Panics, DEV)).unwrap();
+        });
+        let r = rx.recv_timeout(Duration::from_secs(30)).expect("the pipeline hung after a panic");
+        let e = r.expect_err("a panic is an error");
         assert!(e.to_string().contains("panicked"), "{e}");
     }
 }
