@@ -17,16 +17,26 @@ const MAX_CHUNK: usize = 64 << 20;
 const MAX_BUFFERS: usize = 16;
 const MAX_THREADS: usize = 64;
 
-fn env(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.trim().parse().ok()).filter(|&v| v > 0).unwrap_or(default)
+/// A positive number, or `default` for anything else (unset, junk, 0, negative, too large).
+fn count(value: Option<&str>, default: usize) -> usize {
+    value.and_then(|v| v.trim().parse().ok()).filter(|&v| v > 0).unwrap_or(default)
 }
 
-fn env_bool(name: &str, default: bool) -> bool {
-    match std::env::var(name).ok().as_deref().map(str::trim) {
+/// 0/1 (or false/true, off/on, no/yes), or `default` for anything else.
+fn switch(value: Option<&str>, default: bool) -> bool {
+    match value.map(str::trim) {
         Some("0" | "false" | "off" | "no") => false,
         Some("1" | "true" | "on" | "yes") => true,
         _ => default,
     }
+}
+
+fn env(name: &str, default: usize) -> usize {
+    count(std::env::var(name).ok().as_deref(), default)
+}
+
+fn env_bool(name: &str, default: bool) -> bool {
+    switch(std::env::var(name).ok().as_deref(), default)
 }
 
 /// How large copies are staged; every field can be set by environment variable, so that one
@@ -206,6 +216,20 @@ mod tests {
         assert_eq!(t.plan(0), vec![]);
         assert_eq!(t.plan(1000), vec![0..1000]);
         assert_eq!(t.plan(RAMP + 1), vec![0..RAMP, RAMP..RAMP + 1]);
+    }
+
+    #[test]
+    fn junk_in_the_environment_means_the_default() {
+        for junk in
+            [None, Some(""), Some("abc"), Some("-1"), Some("0"), Some("1e6"), Some("99999999999999999999999")]
+        {
+            assert_eq!(count(junk, 7), 7, "{junk:?}");
+        }
+        for junk in [None, Some(""), Some("2"), Some("maybe")] {
+            assert!(switch(junk, true) && !switch(junk, false), "{junk:?}");
+        }
+        assert_eq!(count(Some(" 4096 "), 7), 4096);
+        assert!(!switch(Some("0"), true) && !switch(Some(" off"), true) && switch(Some("yes"), false));
     }
 
     #[test]
