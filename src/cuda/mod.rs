@@ -9,10 +9,13 @@
 //! in exclusive-process mode makes that one index unavailable, not the allocator.
 //!
 //! Semantics a CUDA runtime can rely on:
-//! - every copy returns once its data are where they were sent (devalloc's stream is
-//!   synchronised, on error paths too), so work on any stream afterwards sees them; the other
-//!   way round, devalloc copies on a stream of its own (non-blocking), so work the caller has
-//!   queued (a kernel writing what is to be read) must be finished before the copy is asked for;
+//! - every copy returns once its data are where they were sent (its stream is synchronised,
+//!   on error paths too), so work on any stream afterwards sees them; the other way round,
+//!   devalloc copies on non-blocking streams of its own (one per copy in flight), so work the
+//!   caller has queued (a kernel writing what is to be read) must be finished before the copy
+//!   is asked for;
+//! - devalloc never waits for the caller's queued work: opening a device and copying
+//!   synchronise nothing but devalloc's own streams (no `cuCtxSynchronize`, see `open.rs`);
 //! - `allocate` returns memory every stream can use at once (`cuMemAlloc`, not stream-ordered)
 //!   and uninitialised, as `cudaMalloc`'s; freeing is not stream-ordered: finish the work that
 //!   uses an allocation before freeing it (see `storage.rs`);
