@@ -4,11 +4,12 @@
 //! memory -> empty cache -> retry. Without a driver (CI, this project's machines) each says it
 //! did not run and why; `DEVALLOC_REQUIRE_ALL=1` (the GPU bundle's run) makes that a failure,
 //! and so is a machine with fewer devices than `DEVALLOC_EXPECT_CUDA_DEVICES` says it has.
-//! More semantics (a busy program, out of memory, peers, pinned memory) in `cuda/semantics.rs`.
+//! More semantics (a busy program, out of memory, peers, pinned memory) in `cuda_semantics.rs`.
 #![allow(unsafe_code)] // the driver API, as a runtime beside devalloc would call it
 
 use crate::conformance;
 
+#[path = "cuda_semantics.rs"]
 mod semantics;
 
 use devalloc::cuda::api::driver::{result, CudaContext};
