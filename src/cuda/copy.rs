@@ -5,8 +5,9 @@
 //!   [`MIN_DIRECT`] apart go in direct pieces as long as that distance, in the safe direction
 //!   (front first when the destination is below the source, back first above): no piece's
 //!   destination overlaps a source not yet copied. Closer ones go through a device temporary of
-//!   at most [`TEMP`] bytes, piece by piece in the same safe order. Never a temporary as long as
-//!   the copy.
+//!   [`TEMP`] bytes, piece by piece in the same safe order: never a temporary as long as the
+//!   copy. The temporary is made on first need and kept (counted in `staging_bytes`), so that
+//!   no copy calls `cuMemFree`, which waits for the whole device (a busy program's work too).
 //! - **Peers.** Without `cuCtxEnablePeerAccess`, `cuMemcpyPeer` goes through host memory.
 //!   Before the first copy between two devices, access is enabled both ways where
 //!   `cuDeviceCanAccessPeer` says so (already enabled, as PyTorch may have done in the same
@@ -15,6 +16,7 @@
 #![allow(unsafe_code)] // at the edge: every unsafe block has a SAFETY note
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use cudarc::driver::{result, sys};
@@ -72,6 +74,21 @@ pub(crate) fn steps_with(s: u64, d: u64, len: u64, min_direct: u64, temp: u64) -
 #[derive(Default)]
 pub(crate) struct Peers(Mutex<HashMap<usize, bool>>);
 
+/// The device temporary of close overlapping copies, made on first need and kept; one copy
+/// uses it at a time.
+#[derive(Default)]
+pub(crate) struct Temp {
+    block: Mutex<Option<CudaBlock>>,
+    bytes: AtomicU64,
+}
+
+impl Temp {
+    /// Bytes held; never waits for a copy.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+}
+
 impl CudaStorage {
     /// Copies on this device (the context is current).
     pub(crate) fn copy_on_device(&self, o: &Opened, s: u64, d: u64, len: u64) -> Result<()> {
@@ -79,21 +96,29 @@ impl CudaStorage {
         if plan.is_empty() {
             return Ok(());
         }
-        let temp = if plan.iter().any(|p| p.via_temp) {
-            let bytes = plan.iter().map(|p| p.len).max().unwrap_or(0);
-            Some(self.alloc(bytes, policy::DRIVER_ALIGNMENT, &(), "devalloc overlapping-copy temporary")?)
-        } else {
-            None
-        };
-        // Declared after `temp`, so dropped first: the stream is waited for before the
-        // temporary is freed, on an error path too.
+        // Held for the whole copy (declared before the lease, so released after the stream
+        // was waited for, on an error path too).
+        let mut temp = None;
+        if plan.iter().any(|p| p.via_temp) {
+            let mut held = lock(&self.temp.block);
+            if held.is_none() {
+                *held = Some(self.alloc(
+                    TEMP,
+                    policy::DRIVER_ALIGNMENT,
+                    &(),
+                    "devalloc overlapping-copy temporary",
+                )?);
+                self.temp.bytes.store(TEMP, Ordering::Relaxed);
+            }
+            temp = Some(held);
+        }
+        let tmp = temp.as_ref().and_then(|t| t.as_ref()).map_or(0, CudaBlock::addr);
         let lease = o.streams.lease()?;
         let stream = lease.stream();
-        let tmp = temp.as_ref().map_or(0, CudaBlock::addr);
         for p in plan {
             let n = p.len as usize;
             // SAFETY: every range lies in a live allocation (the pool checked the copy; the
-            // temporary holds the longest piece); a direct piece's ranges do not overlap (the
+            // temporary, held by this copy alone, is as long as the longest piece); a direct piece's ranges do not overlap (the
             // plan's promise), and the steps run in stream order, so each reads what the steps
             // before it left.
             unsafe {

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use cudarc::driver::{result, sys, CudaContext};
 
 use super::context::{keeping_current, CtxGuard};
-use super::copy::Peers;
+use super::copy::{Peers, Temp};
 use super::errors::{copy_error, driver_error};
 use super::open::{Lazy, Opened};
 use super::policy;
@@ -82,6 +82,7 @@ pub struct CudaStorage {
     pub(crate) tuning: Tuning,
     pub(crate) pinned: Pinned,
     pub(crate) peers: Peers,
+    pub(crate) temp: Temp,
 }
 
 impl CudaStorage {
@@ -104,6 +105,7 @@ impl CudaStorage {
             tuning,
             pinned: Pinned::new(pool),
             peers: Peers::default(),
+            temp: Temp::default(),
         })
     }
 
@@ -190,7 +192,8 @@ impl Storage for CudaStorage {
     }
 
     fn staging_bytes(&self) -> u64 {
-        self.pinned.bytes()
+        // Pinned host buffers, and the device temporary of close overlapping copies.
+        self.pinned.bytes() + self.temp.bytes()
     }
 
     fn async_chunk(&self) -> u64 {

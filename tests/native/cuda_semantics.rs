@@ -31,6 +31,7 @@ fn release() {
 }
 
 /// Run alone (`--ignored --test-threads=1`): it holds one of the GPU's streams for a while.
+/// Each step reports when it is done, so a step that waits for the program is named.
 #[test]
 #[ignore = "holds a stream of the GPU: the bundle runs it alone"]
 fn opening_and_copying_never_wait_for_the_programs_queued_work() {
@@ -43,33 +44,52 @@ fn opening_and_copying_never_wait_for_the_programs_queued_work() {
     let busy = result::stream::create(result::stream::StreamKind::NonBlocking).unwrap();
     // SAFETY: `hold` calls no CUDA function and returns within 20 s.
     unsafe { result::stream::launch_host_function(busy, hold, std::ptr::null_mut()) }.unwrap();
-    let (tx, rx) = mpsc::channel();
+    let (tx, rx) = mpsc::channel::<&'static str>();
     let worker = std::thread::spawn(move || {
-        let t = Instant::now();
+        let done = |step| tx.send(step).unwrap();
         // A fresh allocator: its first use opens the context and creates streams and staging.
         let a = CudaAllocator::new().unwrap();
+        done("CudaAllocator::new");
+        a.mem_info(0).unwrap();
+        done("opening the device (mem_info)");
         let n = 24 << 20;
         let data = pattern(n, 3);
         let p = a.allocate(n, 0, DEFAULT_ALIGNMENT).unwrap();
+        done("allocate (cuMemAlloc)");
         a.copy_host_to_device(p, &data, 0).unwrap();
+        done("a staged upload (first: cuMemHostAlloc of the staging)");
         a.copy_host_to_device(p, &data[..4096], 0).unwrap();
+        done("a small upload");
         let mut back = vec![0u8; n];
         a.copy_device_to_host(&mut back, p, 0).unwrap();
         assert!(back == data);
-        a.copy_device_to_device(p, 0, p.offset(1).unwrap(), 0, 1 << 20).unwrap();
-        a.deallocate(p, 0).unwrap(); // cached: no cuMemFree while the program's work runs
-        a.mem_info(0).unwrap();
-        tx.send(t.elapsed()).unwrap();
+        done("a staged download");
+        a.copy_device_to_device(p.offset(1).unwrap(), 0, p, 0, 1 << 20).unwrap();
+        done("an overlapping device copy (first: the temporary's cuMemAlloc)");
+        a.deallocate(p, 0).unwrap();
+        done("deallocate (into the cache, no cuMemFree)");
         a // dropped (and its blocks freed) after the program's work is released
     });
-    let waited = rx.recv_timeout(Duration::from_secs(10));
+    let t = Instant::now();
+    let mut waited_in = None;
+    let mut steps = Vec::new();
+    while steps.len() < 8 {
+        match rx.recv_timeout(Duration::from_secs(5)) {
+            Ok(step) => steps.push(format!("{step}: {:?}", t.elapsed())),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                waited_in = Some(steps.len());
+                break;
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
     release();
     let a = worker.join().expect("devalloc's calls");
     // SAFETY: the stream is idle once released; destroyed once.
     unsafe { result::stream::synchronize(busy).and_then(|()| result::stream::destroy(busy)) }.unwrap();
     drop(a);
-    let took = waited.expect("devalloc waited for the program's queued work (a context-wide synchronise?)");
-    eprintln!("first use, copies and mem_info beside a busy stream: {took:?}");
+    eprintln!("beside a busy stream:\n  {}", steps.join("\n  "));
+    assert!(waited_in.is_none(), "devalloc waited for the program's queued work in the step after {:?}", steps.last());
 }
 
 #[test]
