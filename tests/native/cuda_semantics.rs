@@ -89,7 +89,11 @@ fn opening_and_copying_never_wait_for_the_programs_queued_work() {
     unsafe { result::stream::synchronize(busy).and_then(|()| result::stream::destroy(busy)) }.unwrap();
     drop(a);
     eprintln!("beside a busy stream:\n  {}", steps.join("\n  "));
-    assert!(waited_in.is_none(), "devalloc waited for the program's queued work in the step after {:?}", steps.last());
+    assert!(
+        waited_in.is_none(),
+        "devalloc waited for the program's queued work in the step after {:?}",
+        steps.last()
+    );
 }
 
 #[test]
