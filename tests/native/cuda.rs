@@ -197,12 +197,13 @@ fn calls_keep(a: &CudaAllocator, what_is_current: &str) {
             "{what_is_current}: {after} changed the current context"
         );
     };
-    let p = a.allocate(3 << 20, 0, DEFAULT_ALIGNMENT).unwrap();
+    let p = a.allocate(6 << 20, 0, DEFAULT_ALIGNMENT).unwrap();
     same("allocate");
-    a.copy_host_to_device(p, &pattern(3 << 20, 5), 0).unwrap();
+    // 6 MiB: staged (above the 4 MiB threshold), on copy threads; 100 bytes: straight.
+    a.copy_host_to_device(p, &pattern(6 << 20, 5), 0).unwrap();
     a.copy_host_to_device(p, &[1u8; 100], 0).unwrap();
     same("an upload");
-    let mut back = vec![0u8; 3 << 20];
+    let mut back = vec![0u8; 6 << 20];
     a.copy_device_to_host(&mut back, p, 0).unwrap();
     same("a download");
     a.copy_device_to_device(p, 0, p.offset(16).unwrap(), 0, 1000).unwrap();
@@ -217,7 +218,7 @@ fn calls_keep(a: &CudaAllocator, what_is_current: &str) {
     let e = a.allocate(total - (64 << 20), 0, DEFAULT_ALIGNMENT).unwrap_err();
     assert!(matches!(e, Error::OutOfMemory { .. }), "{e}");
     same("an allocation that ran out of memory");
-    assert!(a.copy_host_to_device(p.offset(3 << 20).unwrap(), &[1], 0).is_err());
+    assert!(a.copy_host_to_device(p.offset(6 << 20).unwrap(), &[1], 0).is_err());
     same("a refused copy");
     a.deallocate(p, 0).unwrap();
     same("deallocate");
