@@ -28,8 +28,9 @@ mod peers;
 mod wgpu_routes;
 
 #[cfg(feature = "cuda")]
-fn run_cuda(quick: bool) {
-    cuda::run(quick, std::env::args().any(|a| a == "--sweep"));
+fn run_cuda(_quick: bool) {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    cuda::run(&cuda::Asked::from_args(&args));
 }
 
 #[cfg(not(feature = "cuda"))]

@@ -1,213 +1,331 @@
-//! Large host<->device copies through pinned staging buffers, with the host side of each chunk
-//! split across a small thread pool.
+//! Large host<->device copies through pinned staging buffers, in the order `pipeline.rs` sets.
 //!
-//! One thread copying each chunk is capped by a single core's memcpy (~8-15 GB/s), below a
-//! PCIe Gen5 link (~50 GB/s pinned). So each chunk's host copy runs on [`CopyTuning::threads`]
-//! threads, into one of [`CopyTuning::buffers`] pinned buffers, while the DMA engine moves the
-//! chunks before it: upload = fill buffer i, DMA it, fill buffer i+1 (after the DMA that last
-//! read it); download = DMA several chunks ahead, copy each out once its event has fired.
-//! Copies from 1 MiB (the threshold) take this path; a copy is split into at least as many
-//! chunks as there are buffers (of at least 1 MiB), so 1-8 MiB copies overlap too.
+//! One thread copying on the host is capped by a single core's memcpy (~8-15 GB/s), below a
+//! PCIe Gen5 link (~50 GB/s pinned): so the host side runs on [`CopyTuning::threads`] copy
+//! threads, each filling (or emptying) a whole chunk of its own, into [`CopyTuning::buffers`]
+//! pinned buffers per direction, while the DMA engine moves the chunks before it. Chunks ramp
+//! at both ends (`tuning.rs`).
 //!
-//! Every copy returns once its data are where they were sent (the stream is synchronised):
-//! the trait's promise, so that a kernel on another stream right after never sees stale data.
+//! - A caller's buffer that is already pinned (`cuMemHostAlloc`'s, as PyTorch's `pin_memory`;
+//!   seen by `cuMemHostGetFlags`) is copied straight from, or into, by the driver.
+//! - Pinned memory is the host's, and it can run short: then the copy goes through the driver
+//!   from pageable memory (slower, still right), with one warning; it is never reported as the
+//!   device being out of memory (emptying the device cache would not help).
+//! - The bytes held are counted in an atomic, so `stats()` never waits for a copy in flight.
+//!
+//! Every copy returns once its data are where they were sent (its stream is synchronised).
 #![allow(unsafe_code)] // at the edge: every unsafe block has a SAFETY note
 
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::sys;
-use cudarc::driver::{result, CudaEvent, PinnedHostSlice};
-use rayon::prelude::*;
+use cudarc::driver::sys::{self, CUevent, CUstream};
+use cudarc::driver::{result, CudaContext};
 
-use super::context::Opened;
-use super::storage::{CudaStorage, SyncOnDrop};
+use super::context::CtxGuard;
+use super::errors::copy_error;
+use super::open::Opened;
+use super::pipeline::{self, Stages, Way};
+use super::storage::CudaStorage;
+use super::tuning::CopyTuning;
+use crate::device::Device;
 use crate::error::Result;
 use crate::sync::lock;
 
-fn env(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).filter(|&v| v > 0).unwrap_or(default)
+/// One pinned buffer (`cuMemHostAlloc`) and the event recorded after the last DMA that used it.
+/// Freed when dropped, which must be with its context current (the storage's `Drop`).
+pub(crate) struct Slot {
+    ptr: *mut u8,
+    len: usize,
+    event: CUevent,
 }
 
-/// How large copies are staged; every field can be set by environment variable, so that one
-/// short GPU run can sweep them.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CopyTuning {
-    /// Copies of at least this many bytes go through pinned staging (`DEVALLOC_CUDA_THRESHOLD`,
-    /// default 1 MiB); smaller ones copy from pageable memory directly.
-    pub pinned_threshold: usize,
-    /// Bytes of one pinned buffer, the largest chunk (`DEVALLOC_CUDA_CHUNK`, default 8 MiB).
-    pub chunk: usize,
-    /// Pinned buffers per direction (`DEVALLOC_CUDA_BUFFERS`, default 4).
-    pub buffers: usize,
-    /// Threads that copy each chunk on the host (`DEVALLOC_CUDA_THREADS`, default 4).
-    pub threads: usize,
-}
-
-impl CopyTuning {
-    /// The defaults, overridden by the `DEVALLOC_CUDA_*` variables that are set.
-    pub fn from_env() -> Self {
-        CopyTuning {
-            pinned_threshold: env("DEVALLOC_CUDA_THRESHOLD", 1 << 20),
-            chunk: env("DEVALLOC_CUDA_CHUNK", 8 << 20),
-            buffers: env("DEVALLOC_CUDA_BUFFERS", 4),
-            threads: env("DEVALLOC_CUDA_THREADS", 4),
-        }
-        .checked()
-    }
-
-    /// The same, within what works: 2 buffers at least, chunks of 64 KiB at least (4 KiB
-    /// multiples), 1 thread at least, a threshold of 1 byte at least.
-    pub fn checked(self) -> Self {
-        CopyTuning {
-            pinned_threshold: self.pinned_threshold.max(1),
-            chunk: self.chunk.max(64 << 10).next_multiple_of(4096),
-            buffers: self.buffers.max(2),
-            threads: self.threads.max(1),
+impl Drop for Slot {
+    fn drop(&mut self) {
+        // SAFETY: both were created by `Pinned::ensure` in this context, which is current (the
+        // storage drops its staging under its guard), and no DMA uses them (the storage waited).
+        unsafe {
+            if let Err(e) = result::event::destroy(self.event) {
+                log::warn!("devalloc: destroying a staging event: {e:?}");
+            }
+            if let Err(e) = result::free_host(self.ptr.cast()) {
+                log::warn!("devalloc: freeing {} bytes of pinned staging: {e:?}", self.len);
+            }
         }
     }
-
-    /// The chunk of a copy of `len` bytes: at least as many chunks as buffers, of 1 MiB at
-    /// least (or the whole chunk, if smaller), of `chunk` at most.
-    fn chunk_for(&self, len: usize) -> usize {
-        len.div_ceil(self.buffers.max(1)).max(1 << 20).min(self.chunk.max(4096))
-    }
 }
 
-impl Default for CopyTuning {
-    fn default() -> Self {
-        Self::from_env()
-    }
-}
-
-/// Pinned buffers of one direction and the events that say when the DMA using each is done.
+/// The pinned buffers of one direction.
 #[derive(Default)]
 pub(crate) struct Staging {
-    bufs: Vec<(PinnedHostSlice<u8>, CudaEvent)>,
+    slots: Vec<Slot>,
+    /// Set when pinned memory ran short: the most buffers there are, tried no further.
+    short_at: Option<usize>,
 }
 
-/// The pinned buffers of both directions, and the pool that copies on the host.
+// SAFETY: the raw pointers are a pinned host allocation and an event handle, owned by the
+// staging and used by one copy at a time (the one holding the staging's lock).
+unsafe impl Send for Staging {}
+
+/// The pinned buffers of both directions, the copy threads, and the bytes held.
 pub(crate) struct Pinned {
     pub upload: Mutex<Staging>,
     pub download: Mutex<Staging>,
     pub pool: Arc<rayon::ThreadPool>,
+    bytes: AtomicU64,
+    warned: AtomicBool,
 }
 
 impl Pinned {
     pub(crate) fn new(pool: Arc<rayon::ThreadPool>) -> Self {
-        Pinned { upload: Mutex::default(), download: Mutex::default(), pool }
+        Pinned {
+            upload: Mutex::default(),
+            download: Mutex::default(),
+            pool,
+            bytes: AtomicU64::new(0),
+            warned: AtomicBool::new(false),
+        }
     }
 
-    /// Bytes of pinned host memory held.
+    /// Bytes of pinned host memory held; never waits for a copy.
     pub(crate) fn bytes(&self) -> u64 {
-        let held = |m: &Mutex<Staging>| lock(m).bufs.iter().map(|(b, _)| b.num_bytes() as u64).sum::<u64>();
-        held(&self.upload) + held(&self.download)
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// Frees both directions' buffers; the context must be current and no DMA running.
+    pub(crate) fn free(&self) {
+        for staging in [&self.upload, &self.download] {
+            let slots = std::mem::take(&mut lock(staging).slots);
+            let held: usize = slots.iter().map(|s| s.len).sum();
+            drop(slots);
+            self.bytes.fetch_sub(held as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// Makes sure `staging` holds `tuning.buffers` buffers, or as many as pinned memory allows;
+    /// `Ok(false)` if that is fewer than two (the copy goes through pageable memory instead).
+    fn ensure(
+        &self,
+        staging: &mut Staging,
+        tuning: &CopyTuning,
+        upload: bool,
+        device: Device,
+    ) -> Result<bool> {
+        let want = staging.short_at.map_or(tuning.buffers, |s| s.min(tuning.buffers));
+        let flags = if upload && tuning.write_combined { sys::CU_MEMHOSTALLOC_WRITECOMBINED } else { 0 };
+        while staging.slots.len() < want {
+            // SAFETY: a plain pinned allocation in the current context, freed once by `Slot`.
+            let ptr = match unsafe { result::malloc_host(tuning.chunk, flags) } {
+                Ok(p) => p.cast::<u8>(),
+                Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                    staging.short_at = Some(staging.slots.len());
+                    if !self.warned.swap(true, Ordering::Relaxed) {
+                        log::warn!(
+                            "devalloc: pinned host memory ran short on {device} after {} buffers of {} bytes; \
+                             large copies go through pageable memory (slower)",
+                            staging.slots.len(),
+                            tuning.chunk
+                        );
+                    }
+                    break;
+                }
+                Err(e) => return Err(copy_error(device, "allocating pinned staging", e)),
+            };
+            let event = match result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING) {
+                Ok(ev) => ev,
+                Err(e) => {
+                    // SAFETY: allocated just above, used by nothing.
+                    let _ = unsafe { result::free_host(ptr.cast()) };
+                    return Err(copy_error(device, "creating a staging event", e));
+                }
+            };
+            staging.slots.push(Slot { ptr, len: tuning.chunk, event });
+            self.bytes.fetch_add(tuning.chunk as u64, Ordering::Relaxed);
+        }
+        Ok(staging.slots.len() >= 2)
     }
 }
 
-/// Copies `src` into `dst` (same length) on the pool's threads. A caller that is itself a
-/// rayon worker copies alone: `install` from a worker would run other jobs of its pool while
-/// waiting, and one of them could call back into devalloc and wait for a lock this thread holds.
-fn parallel_copy(pool: &rayon::ThreadPool, threads: usize, dst: &mut [u8], src: &[u8]) {
-    let piece = dst.len().div_ceil(threads.max(1)).next_multiple_of(4096).max(256 << 10);
-    if threads <= 1 || dst.len() <= piece || rayon::current_thread_index().is_some() {
-        dst.copy_from_slice(src);
-        return;
+/// Whether the driver knows `ptr` as pinned memory (`cuMemHostAlloc`'s); the context must be
+/// current. Memory pinned by `cuMemHostRegister` is not seen, and is staged (still right).
+pub(crate) fn is_pinned(ptr: *const u8) -> bool {
+    let mut flags = 0u32;
+    // SAFETY: the driver only looks the address up; it reads and writes nothing but `flags`.
+    unsafe { sys::cuMemHostGetFlags(&mut flags, ptr.cast_mut().cast()) }.result().is_ok()
+}
+
+/// Whether a whole host range is pinned (its first and last byte are).
+pub(crate) fn range_is_pinned(bytes: &[u8]) -> bool {
+    !bytes.is_empty() && is_pinned(bytes.as_ptr()) && is_pinned(bytes[bytes.len() - 1..].as_ptr())
+}
+
+/// What the steps of one staged copy share.
+struct Copy<'a> {
+    ctx: &'a CudaContext,
+    device: Device,
+    slots: &'a [Slot],
+    chunks: &'a [Range<usize>],
+    stream: CUstream,
+    /// The device address of the copy's first byte.
+    addr: u64,
+    /// The host side: the source (upload) or the destination (download).
+    host: *mut u8,
+}
+
+// SAFETY: the pipeline hands each buffer to one step at a time, in an order that the events
+// and its own lock make happen-before (see `pipeline.rs`); the host ranges of chunks are
+// disjoint; `queue` runs on the calling thread alone. The pointers outlive the copy (borrowed
+// by `write_staged` / `read_staged`, which return after it).
+unsafe impl Sync for Copy<'_> {}
+
+impl Copy<'_> {
+    fn buffer(&self, j: usize, b: usize) -> *mut u8 {
+        debug_assert!(self.chunks[j].len() <= self.slots[b].len);
+        self.slots[b].ptr
     }
-    pool.install(|| {
-        dst.par_chunks_mut(piece).zip(src.par_chunks(piece)).for_each(|(d, s)| d.copy_from_slice(s))
-    });
+
+    fn wait(&self, b: usize) -> Result<()> {
+        // A copy thread has no context current: bind devalloc's for the call.
+        let _g = CtxGuard::bind(self.ctx, self.device)?;
+        // SAFETY: the event is live (owned by the slot, which outlives the copy).
+        unsafe { result::event::synchronize(self.slots[b].event) }
+            .map_err(|e| copy_error(self.device, "waiting for a staging buffer", e))
+    }
+
+    fn record(&self, b: usize) -> Result<()> {
+        // SAFETY: event and stream are live and of this context, which is current (the
+        // caller's guard: `queue` runs on the calling thread).
+        unsafe { result::event::record(self.slots[b].event, self.stream) }
+            .map_err(|e| copy_error(self.device, "recording a staging event", e))
+    }
+}
+
+struct Upload<'a>(Copy<'a>);
+struct Download<'a>(Copy<'a>);
+
+impl Stages for Upload<'_> {
+    fn host(&self, j: usize, b: usize) -> Result<()> {
+        let c = &self.0;
+        let r = c.chunks[j].clone();
+        // SAFETY: `r` lies in the source (the plan covers it exactly), which is only read; the
+        // buffer holds at least `r.len()` bytes and is this step's alone (no DMA reads it: the
+        // pipeline waited for its event; no other step has it).
+        unsafe { std::ptr::copy_nonoverlapping(c.host.add(r.start), c.buffer(j, b), r.len()) };
+        Ok(())
+    }
+
+    fn wait(&self, b: usize) -> Result<()> {
+        self.0.wait(b)
+    }
+
+    fn queue(&self, j: usize, b: usize) -> Result<()> {
+        let c = &self.0;
+        let r = c.chunks[j].clone();
+        // SAFETY: the buffer was filled for chunk j and is not written again before the event
+        // recorded next completes; the device range lies in a live allocation (the pool
+        // checked the whole copy and holds the block until it returns).
+        let filled = unsafe { std::slice::from_raw_parts(c.buffer(j, b), r.len()) };
+        // SAFETY: as above; the stream is this copy's.
+        unsafe { result::memcpy_htod_async(c.addr + r.start as u64, filled, c.stream) }
+            .map_err(|e| copy_error(c.device, "copying to the device", e))?;
+        c.record(b)
+    }
+}
+
+impl Stages for Download<'_> {
+    fn host(&self, j: usize, b: usize) -> Result<()> {
+        let c = &self.0;
+        let r = c.chunks[j].clone();
+        // SAFETY: the DMA of chunk j into this buffer is done (the pipeline waited for its
+        // event) and no other DMA is queued on it before this step ends; `r` lies in the
+        // destination and no other step writes it.
+        unsafe { std::ptr::copy_nonoverlapping(c.buffer(j, b), c.host.add(r.start), r.len()) };
+        Ok(())
+    }
+
+    fn wait(&self, b: usize) -> Result<()> {
+        self.0.wait(b)
+    }
+
+    fn queue(&self, j: usize, b: usize) -> Result<()> {
+        let c = &self.0;
+        let r = c.chunks[j].clone();
+        // SAFETY: the buffer holds `r.len()` bytes and nothing reads it until the event
+        // recorded next completes (the previous chunk in it was copied out: the pipeline waited).
+        let into = unsafe { std::slice::from_raw_parts_mut(c.buffer(j, b), r.len()) };
+        // SAFETY: the device range lies in a live allocation (checked by the pool); the stream
+        // is this copy's.
+        unsafe { result::memcpy_dtoh_async(into, c.addr + r.start as u64, c.stream) }
+            .map_err(|e| copy_error(c.device, "copying to the host", e))?;
+        c.record(b)
+    }
 }
 
 impl CudaStorage {
-    /// Makes sure `staging` holds the pinned buffers. Upload buffers are write-combined (fast
-    /// for the host to write and the DMA to read); download ones are not (the host reads them).
-    fn ensure(&self, o: &Opened, staging: &mut Staging, write_combined: bool) -> Result<()> {
-        let tuning = &self.tuning;
-        while staging.bufs.len() < tuning.buffers {
-            let flags = if write_combined { sys::CU_MEMHOSTALLOC_WRITECOMBINED } else { 0 };
-            // SAFETY: the buffer is only read by the host after a DMA into it completed, or
-            // written before a DMA from it: never read while uninitialised.
-            let buf = unsafe { o.ctx.alloc_pinned_with_flags::<u8>(tuning.chunk, flags) }.map_err(|e| {
-                super::errors::driver_error(
-                    crate::storage::Storage::device(self),
-                    "allocating pinned host staging",
-                    e,
-                    tuning.chunk as u64,
-                )
-            })?;
-            let ev = o.ctx.new_event(None).map_err(|e| self.err("creating an event", e))?;
-            staging.bufs.push((buf, ev));
+    /// Uploads `src` to device address `dst` through the pinned buffers; `None` if pinned
+    /// memory is short (the caller copies from pageable memory instead). The context is current.
+    pub(crate) fn write_staged(&self, o: &Opened, dst: u64, src: &[u8]) -> Option<Result<()>> {
+        let device = crate::storage::Storage::device(self);
+        let mut staging = lock(&self.pinned.upload);
+        match self.pinned.ensure(&mut staging, self.tuning.get(), true, device) {
+            Ok(true) => {}
+            Ok(false) => return None,
+            Err(e) => return Some(Err(e)),
         }
-        Ok(())
+        let chunks = self.tuning.plan(src.len());
+        Some(self.staged(
+            o,
+            Way::Up,
+            &staging,
+            &chunks,
+            dst,
+            src.as_ptr().cast_mut(),
+            "copying to the device",
+        ))
     }
 
-    /// Uploads `src` to device address `dst` through the pinned buffers; returns once the data
-    /// are on the device.
-    pub(crate) fn write_pinned(&self, o: &Opened, dst: u64, src: &[u8]) -> Result<()> {
-        let pinned = &self.pinned;
-        let mut staging = lock(&pinned.upload);
-        self.ensure(o, &mut staging, true)?;
-        // Whatever happens below, no DMA from these buffers is left running on return.
-        let _finished = SyncOnDrop(o.stream.cu_stream());
-        let n = staging.bufs.len();
-        let chunk = self.tuning.chunk_for(src.len());
-        for (i, piece) in src.chunks(chunk).enumerate() {
-            let (buf, ev) = &mut staging.bufs[i % n];
-            // The DMA that last read this buffer must be done before it is refilled (free when
-            // the event has fired, or was never recorded).
-            ev.synchronize().map_err(|e| self.err("waiting for staging", e))?;
-            let host = buf.as_mut_slice().map_err(|e| self.err("pinned staging", e))?;
-            parallel_copy(&pinned.pool, self.tuning.threads, &mut host[..piece.len()], piece);
-            let at = dst + (i * chunk) as u64;
-            // SAFETY: `at..at + piece.len()` lies in a live allocation (the pool checked the
-            // range and holds the block); the source is pinned memory owned by `staging`, which
-            // is not written again before `ev` (recorded right after) has completed.
-            unsafe { result::memcpy_htod_async(at, &host[..piece.len()], o.stream.cu_stream()) }
-                .map_err(|e| self.err("copying to the device", e))?;
-            ev.record(&o.stream).map_err(|e| self.err("recording an event", e))?;
+    /// Downloads `dst.len()` bytes at device address `src` through the pinned buffers; `None`
+    /// if pinned memory is short. The context is current.
+    pub(crate) fn read_staged(&self, o: &Opened, dst: &mut [u8], src: u64) -> Option<Result<()>> {
+        let device = crate::storage::Storage::device(self);
+        let mut staging = lock(&self.pinned.download);
+        match self.pinned.ensure(&mut staging, self.tuning.get(), false, device) {
+            Ok(true) => {}
+            Ok(false) => return None,
+            Err(e) => return Some(Err(e)),
         }
-        self.sync(o)
+        let chunks = self.tuning.plan(dst.len());
+        Some(self.staged(o, Way::Down, &staging, &chunks, src, dst.as_mut_ptr(), "copying to the host"))
     }
 
-    /// Downloads `dst.len()` bytes at device address `src` through the pinned buffers, DMA
-    /// running ahead of the host copies.
-    pub(crate) fn read_pinned(&self, o: &Opened, dst: &mut [u8], src: u64) -> Result<()> {
-        let pinned = &self.pinned;
-        let mut staging = lock(&pinned.download);
-        self.ensure(o, &mut staging, false)?;
-        let _finished = SyncOnDrop(o.stream.cu_stream());
-        let n = staging.bufs.len();
-        let total = dst.len();
-        let chunk = self.tuning.chunk_for(total);
-        let count = total.div_ceil(chunk);
-        let issue = |staging: &mut Staging, i: usize| -> Result<()> {
-            let len = (total - i * chunk).min(chunk);
-            let (buf, ev) = &mut staging.bufs[i % n];
-            let host = buf.as_mut_slice().map_err(|e| self.err("pinned staging", e))?;
-            // SAFETY: the device range lies in a live allocation (checked by the pool); the
-            // destination is pinned memory we own, read only after `ev` completes.
-            unsafe {
-                result::memcpy_dtoh_async(&mut host[..len], src + (i * chunk) as u64, o.stream.cu_stream())
+    #[allow(clippy::too_many_arguments)]
+    fn staged(
+        &self,
+        o: &Opened,
+        way: Way,
+        staging: &Staging,
+        chunks: &[Range<usize>],
+        addr: u64,
+        host: *mut u8,
+        what: &str,
+    ) -> Result<()> {
+        let device = crate::storage::Storage::device(self);
+        // Whatever happens below, no DMA from or into these buffers is left running on return.
+        let lease = o.streams.lease()?;
+        let copy =
+            Copy { ctx: &o.ctx, device, slots: &staging.slots, chunks, stream: lease.stream(), addr, host };
+        let t = self.tuning.get();
+        let n = staging.slots.len();
+        let ran = match way {
+            Way::Up => {
+                pipeline::run(way, chunks.len(), n, &self.pinned.pool, t.threads, &Upload(copy), device)
             }
-            .map_err(|e| self.err("copying to the host", e))?;
-            ev.record(&o.stream).map_err(|e| self.err("recording an event", e))
+            Way::Down => {
+                pipeline::run(way, chunks.len(), n, &self.pinned.pool, t.threads, &Download(copy), device)
+            }
         };
-        for i in 0..n.min(count) {
-            issue(&mut staging, i)?;
-        }
-        for i in 0..count {
-            {
-                let (buf, ev) = &staging.bufs[i % n];
-                ev.synchronize().map_err(|e| self.err("waiting for the download", e))?;
-                let host = buf.as_slice().map_err(|e| self.err("pinned staging", e))?;
-                let part = &mut dst[i * chunk..((i + 1) * chunk).min(total)];
-                let len = part.len();
-                parallel_copy(&pinned.pool, self.tuning.threads, part, &host[..len]);
-            }
-            if i + n < count {
-                issue(&mut staging, i + n)?;
-            }
-        }
-        Ok(())
+        ran?;
+        lease.finish(what)
     }
 }

@@ -13,21 +13,27 @@
 //! (a kernel on the caller's stream) still uses is the caller's bug. Finish that work first,
 //! as PyTorch asks with `record_stream`; with caching on, a freed block can also be handed to
 //! the next allocation while such work runs.
+//!
+//! Copies: small ones, and those from or to memory already pinned, go straight through the
+//! driver on a stream of their own (`open.rs`); large ones through pinned staging
+//! (`staging.rs`); device-to-device and peer copies in `copy.rs`.
 #![allow(unsafe_code)] // at the edge: every unsafe block has a SAFETY note
 
 use std::mem::ManuallyDrop;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
-use cudarc::driver::{result, sys, CudaContext, DriverError};
+use cudarc::driver::{result, sys, CudaContext};
 
-use super::context::{keeping_current, CtxGuard, Opened};
-use super::errors::driver_error;
+use super::context::{keeping_current, CtxGuard};
+use super::copy::{Peers, Temp};
+use super::errors::{copy_error, driver_error};
+use super::open::{Lazy, Opened};
 use super::policy;
-use super::staging::{CopyTuning, Pinned};
+use super::staging::{range_is_pinned, Pinned};
+use super::tuning::Tuning;
 use crate::device::{Device, DeviceIndex, DeviceType};
 use crate::error::{Error, Result};
 use crate::storage::Storage;
-use crate::sync::Unpoisoned;
 
 /// One allocation: the raw `cuMemAlloc` pointer, its aligned start and its length; freed (with
 /// its context current) on drop.
@@ -39,6 +45,13 @@ pub struct CudaBlock {
     /// reference releases the primary context, and cudarc binds it to do so.
     ctx: ManuallyDrop<Arc<CudaContext>>,
     device: Device,
+}
+
+impl CudaBlock {
+    /// The block's (aligned) device address.
+    pub(crate) fn addr(&self) -> u64 {
+        self.addr
+    }
 }
 
 impl Drop for CudaBlock {
@@ -58,21 +71,6 @@ impl Drop for CudaBlock {
     }
 }
 
-/// Waits for devalloc's stream when dropped, so that an early return (an error half-way) never
-/// leaves a copy running on memory the caller gets back. Raw `cuStreamSynchronize`: cudarc's
-/// own first reports errors stored by earlier drops, and would skip the wait.
-pub(crate) struct SyncOnDrop(pub sys::CUstream);
-
-impl Drop for SyncOnDrop {
-    fn drop(&mut self) {
-        // SAFETY: the stream is devalloc's, alive for as long as the storage (which outlives
-        // every copy call), and its context is current (the caller's guard is still held).
-        if let Err(e) = unsafe { result::stream::synchronize(self.0) } {
-            log::error!("devalloc: waiting for copies after an error: {e:?}");
-        }
-    }
-}
-
 /// CUDA memory of one device, as a [`Storage`] for the generic pool. The context is opened
 /// on first use, so an unused GPU costs nothing and a busy one fails alone.
 pub struct CudaStorage {
@@ -80,14 +78,17 @@ pub struct CudaStorage {
     ordinal: usize,
     name: String,
     total: u64,
-    opened: OnceLock<std::result::Result<Opened, String>>,
-    pub(crate) tuning: CopyTuning,
+    opened: Lazy<Opened>,
+    pub(crate) tuning: Tuning,
     pub(crate) pinned: Pinned,
+    pub(crate) peers: Peers,
+    pub(crate) temp: Temp,
 }
 
 impl CudaStorage {
-    /// Device `ordinal`, described without opening a context (the driver is initialised).
-    pub(crate) fn new(ordinal: usize, tuning: CopyTuning, pool: Arc<rayon::ThreadPool>) -> Result<Self> {
+    /// Device `ordinal`, described without opening a context (the driver is initialised); it
+    /// copies as `tuning` says (checked: see [`Tuning`]).
+    pub(crate) fn new(ordinal: usize, tuning: Tuning, pool: Arc<rayon::ThreadPool>) -> Result<Self> {
         let id = Device::new(DeviceType::Cuda, ordinal as DeviceIndex);
         let err = |what: &str, e| driver_error(id, what, e, 0);
         let dev = result::device::get(ordinal as i32).map_err(|e| err("finding the device", e))?;
@@ -100,64 +101,64 @@ impl CudaStorage {
             ordinal,
             name,
             total,
-            opened: OnceLock::new(),
+            opened: Lazy::default(),
             tuning,
             pinned: Pinned::new(pool),
+            peers: Peers::default(),
+            temp: Temp::default(),
         })
     }
 
-    /// The device's context and stream, opened on first use; a device that could not be
-    /// opened stays unavailable (the error is kept).
-    pub(crate) fn opened(&self) -> Result<&Opened> {
-        let opened =
-            self.opened.get_or_init(|| Opened::open(self.ordinal, self.id).map_err(|e| e.to_string()));
-        opened.as_ref().map_err(|why| Error::not_found(why.clone()))
+    /// The CUDA ordinal.
+    pub(crate) fn ordinal(&self) -> usize {
+        self.ordinal
     }
 
-    pub(crate) fn err(&self, what: &str, e: DriverError) -> Error {
-        driver_error(self.id, what, e, 0)
+    /// The device's context and streams, opened on first use. Only code 46 (busy or
+    /// exclusive) makes the device unavailable for good; other failures are returned as they
+    /// are and the next call tries again (`open.rs`).
+    pub(crate) fn opened(&self) -> Result<&Opened> {
+        self.opened.get_or_open(|| Opened::open(self.ordinal, self.id))
     }
 
     /// Free and total bytes of the device, as the driver counts them (`cuMemGetInfo`).
     pub fn mem_info(&self) -> Result<(u64, u64)> {
         let o = self.opened()?;
         let _g = CtxGuard::bind(&o.ctx, self.id)?;
-        let (free, total) = result::mem_get_info().map_err(|e| self.err("reading free memory", e))?;
+        let (free, total) =
+            result::mem_get_info().map_err(|e| driver_error(self.id, "reading free memory", e, 0))?;
         Ok((free as u64, total as u64))
     }
 
-    /// Waits for every copy queued on devalloc's stream.
+    /// Waits for every copy in flight on devalloc's streams of this device (each copy waits
+    /// for itself already).
     pub(crate) fn synchronize(&self) -> Result<()> {
         let o = self.opened()?;
         let _g = CtxGuard::bind(&o.ctx, self.id)?;
-        self.sync(o)
-    }
-
-    /// Waits for devalloc's stream (raw: see [`SyncOnDrop`]); the context must be current.
-    pub(crate) fn sync(&self, o: &Opened) -> Result<()> {
-        // SAFETY: the stream is alive (held by `o`) and its context is current.
-        unsafe { result::stream::synchronize(o.stream.cu_stream()) }
-            .map_err(|e| self.err("waiting for the copy", e))
+        o.streams.synchronize_idle()
     }
 }
 
 impl Drop for CudaStorage {
     fn drop(&mut self) {
-        let Some(Ok(o)) = self.opened.take() else { return };
+        let Some(o) = self.opened.take() else { return };
         let id = self.id;
-        // cudarc's pinned buffers, events and stream bind their context when dropped: keep the
-        // caller's.
-        keeping_current(|| {
-            // Copies in flight read or write the pinned buffers: finish them before those go.
-            let finished = CtxGuard::bind(&o.ctx, id).and_then(|_g| {
-                o.stream.synchronize().map_err(|e| driver_error(id, "finishing copies", e, 0))
-            });
-            if let Err(e) = finished {
-                log::error!("devalloc: dropping {id}: {e}");
+        // cudarc's context binds itself when dropped: keep the caller's.
+        keeping_current(|| match CtxGuard::bind(&o.ctx, id) {
+            Ok(_g) => {
+                // Every copy waited for itself before returning, so no DMA uses the pinned
+                // buffers; streams, events and buffers go with the context current.
+                self.pinned.free();
+                drop(o);
             }
-            drop(std::mem::take(&mut *self.pinned.upload.lock().unpoisoned()));
-            drop(std::mem::take(&mut *self.pinned.download.lock().unpoisoned()));
-            drop(o);
+            Err(e) => {
+                // Without the context current its objects cannot be freed: leak them rather
+                // than free them into whatever context is current.
+                log::error!("devalloc: dropping {id}: {e}; its streams and pinned buffers are leaked");
+                std::mem::forget(o);
+                std::mem::forget(std::mem::take(&mut *crate::sync::lock(&self.pinned.upload)));
+                std::mem::forget(std::mem::take(&mut *crate::sync::lock(&self.pinned.download)));
+            }
         });
     }
 }
@@ -191,7 +192,8 @@ impl Storage for CudaStorage {
     }
 
     fn staging_bytes(&self) -> u64 {
-        self.pinned.bytes()
+        // Pinned host buffers, and the device temporary of close overlapping copies.
+        self.pinned.bytes() + self.temp.bytes()
     }
 
     fn async_chunk(&self) -> u64 {
@@ -202,12 +204,7 @@ impl Storage for CudaStorage {
 
     fn device_memory(&self) -> Option<crate::snapshot::MemoryReport> {
         // The size is known without a context; free memory only once the device is open.
-        let free = self
-            .opened
-            .get()
-            .and_then(|o| o.as_ref().ok())
-            .and_then(|_| self.mem_info().ok())
-            .map(|(f, _)| f);
+        let free = self.opened.get().and_then(|_| self.mem_info().ok()).map(|(f, _)| f);
         Some(crate::snapshot::MemoryReport {
             total_bytes: Some(self.total),
             free_bytes: free,
@@ -255,34 +252,44 @@ impl Storage for CudaStorage {
 
     fn write(&self, block: &CudaBlock, offset: u64, src: &[u8]) -> Result<()> {
         debug_assert!(offset + src.len() as u64 <= block.len);
+        if src.is_empty() {
+            return Ok(());
+        }
         let o = self.opened()?;
         let _g = CtxGuard::bind(&o.ctx, self.id)?;
         let dst = block.addr + offset;
-        if src.len() >= self.tuning.pinned_threshold {
-            return self.write_pinned(o, dst, src);
+        if src.len() >= self.tuning.get().pinned_threshold && !range_is_pinned(src) {
+            if let Some(done) = self.write_staged(o, dst, src) {
+                return done;
+            }
         }
-        let _finished = SyncOnDrop(o.stream.cu_stream());
+        let lease = o.streams.lease()?;
         // SAFETY: in bounds (the pool checked it, the block is alive); the stream is
-        // synchronised before returning (on every path: `_finished`), so `src` outlives the copy.
-        unsafe { result::memcpy_htod_async(dst, src, o.stream.cu_stream()) }
-            .map_err(|e| self.err("copying to the device", e))?;
-        self.sync(o)
+        // synchronised before returning (on every path: the lease), so `src` outlives the copy.
+        unsafe { result::memcpy_htod_async(dst, src, lease.stream()) }
+            .map_err(|e| copy_error(self.id, "copying to the device", e))?;
+        lease.finish("copying to the device")
     }
 
     fn read(&self, block: &CudaBlock, offset: u64, dst: &mut [u8]) -> Result<()> {
         debug_assert!(offset + dst.len() as u64 <= block.len);
+        if dst.is_empty() {
+            return Ok(());
+        }
         let o = self.opened()?;
         let _g = CtxGuard::bind(&o.ctx, self.id)?;
         let src = block.addr + offset;
-        if dst.len() >= self.tuning.pinned_threshold {
-            return self.read_pinned(o, dst, src);
+        if dst.len() >= self.tuning.get().pinned_threshold && !range_is_pinned(dst) {
+            if let Some(done) = self.read_staged(o, dst, src) {
+                return done;
+            }
         }
-        let _finished = SyncOnDrop(o.stream.cu_stream());
+        let lease = o.streams.lease()?;
         // SAFETY: in bounds (checked by the pool); `dst` is an exclusive borrow that outlives
         // the copy because the stream is synchronised before returning, on every path.
-        unsafe { result::memcpy_dtoh_async(dst, src, o.stream.cu_stream()) }
-            .map_err(|e| self.err("copying to the host", e))?;
-        self.sync(o)
+        unsafe { result::memcpy_dtoh_async(dst, src, lease.stream()) }
+            .map_err(|e| copy_error(self.id, "copying to the host", e))?;
+        lease.finish("copying to the host")
     }
 
     fn copy(
@@ -295,35 +302,7 @@ impl Storage for CudaStorage {
     ) -> Result<()> {
         let o = self.opened()?;
         let _g = CtxGuard::bind(&o.ctx, self.id)?;
-        let (s, d) = (src.addr + src_offset, dst.addr + dst_offset);
-        if s == d {
-            return Ok(());
-        }
-        let overlap = s < d + len && d < s + len;
-        let stream = o.stream.cu_stream();
-        let _finished = SyncOnDrop(stream);
-        if overlap {
-            // cuMemcpy does not handle overlapping ranges: go through a temporary.
-            let tmp = self.alloc(len, policy::DRIVER_ALIGNMENT, &(), "devalloc peer-copy temporary")?;
-            // Declared after `tmp`, so dropped (the stream waited for) before `tmp` is freed,
-            // on an error path too.
-            let _tmp_finished = SyncOnDrop(stream);
-            // SAFETY: all three ranges are in bounds of live allocations; the copies are
-            // ordered on the stream, which is synchronised before `tmp` is freed.
-            unsafe {
-                result::memcpy_dtod_async(tmp.addr, s, len as usize, stream)
-                    .and_then(|()| result::memcpy_dtod_async(d, tmp.addr, len as usize, stream))
-            }
-            .map_err(|e| self.err("copying on the device", e))?;
-            // Finished before `tmp` is freed.
-            return self.sync(o);
-        } else {
-            // SAFETY: both ranges are in bounds of live allocations (checked by the pool) and do
-            // not overlap.
-            unsafe { result::memcpy_dtod_async(d, s, len as usize, stream) }
-                .map_err(|e| self.err("copying on the device", e))?;
-        }
-        self.sync(o)
+        self.copy_on_device(o, src.addr + src_offset, dst.addr + dst_offset, len)
     }
 
     fn copy_to(
@@ -335,26 +314,6 @@ impl Storage for CudaStorage {
         dst_offset: u64,
         len: u64,
     ) -> Option<Result<()>> {
-        // A peer copy between two GPUs (untested where one GPU is lent: it needs two).
-        let run = || -> Result<()> {
-            let (so, dst_o) = (self.opened()?, dst_storage.opened()?);
-            let _g = CtxGuard::bind(&so.ctx, self.id)?;
-            let _finished = SyncOnDrop(so.stream.cu_stream());
-            // SAFETY: both ranges are in bounds of live allocations of their devices (checked
-            // by their pools); the stream is synchronised before returning.
-            unsafe {
-                result::memcpy_peer_async(
-                    dst_o.ctx.cu_ctx(),
-                    dst.addr + dst_offset,
-                    so.ctx.cu_ctx(),
-                    src.addr + src_offset,
-                    len as usize,
-                    so.stream.cu_stream(),
-                )
-            }
-            .map_err(|e| self.err("copying between GPUs", e))?;
-            self.sync(so)
-        };
-        Some(run())
+        Some(self.copy_to_peer(src, src_offset, dst_storage, dst, dst_offset, len))
     }
 }

@@ -176,8 +176,7 @@ pub async fn bad_inputs(a: &'static dyn DeviceAllocator, i: DeviceIndex) {
     assert!(matches!(a.stats(n), Err(Error::NoSuchDevice { .. })));
 
     // A pointer of another device of the same allocator.
-    if n >= 2 {
-        let other = (i + 1) % n;
+    if let Some(other) = other_device(a, i, "bad_inputs: a pointer of another device") {
         let q = a.allocate(16, other, DEFAULT_ALIGNMENT).unwrap();
         assert!(is_invalid_ptr(h2d(a, q, &[1], i).await), "pointer of device {other} used on {i}");
         assert!(is_invalid_ptr(a.deallocate(q, i)));
@@ -258,9 +257,7 @@ pub async fn device_to_device(a: &'static dyn DeviceAllocator, i: DeviceIndex) {
     assert!(matches!(e, Error::OutOfBounds { .. }), "{e}");
     d2d(a, DevicePtr::NULL, i, DevicePtr::NULL, i, 0).await.unwrap();
     // Across devices of this allocator.
-    let count = a.device_count() as DeviceIndex;
-    if count >= 2 {
-        let j = (i + 1) % count;
+    if let Some(j) = other_device(a, i, "device_to_device: across devices") {
         let far = a.allocate(n, j, DEFAULT_ALIGNMENT).unwrap();
         d2d(a, far, j, src, i, n).await.unwrap();
         assert!(read(a, far, n, j).await == m2, "d2d across devices");
@@ -406,9 +403,7 @@ pub async fn foreign_pointers_on_either_end(a: &'static dyn DeviceAllocator, i: 
     a.check_range(mine.offset(63).unwrap(), 1, i).unwrap();
     assert!(matches!(a.check_range(mine, 65, i), Err(Error::OutOfBounds { .. })));
     a.check_range(DevicePtr::NULL, 0, i).unwrap();
-    let n = a.device_count() as DeviceIndex;
-    if n >= 2 {
-        let j = (i + 1) % n;
+    if let Some(j) = other_device(a, i, "foreign_pointers_on_either_end: another device's pointer") {
         let theirs = a.allocate(64, j, DEFAULT_ALIGNMENT).unwrap();
         let other = |r: devalloc::Result<()>| {
             matches!(r, Err(Error::InvalidPointer { problem: PointerProblem::OtherDevice(_), .. }))

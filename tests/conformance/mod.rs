@@ -49,6 +49,34 @@ pub fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
 }
 
+/// Whether the GPU bundle's run asks that every allocator exist (`DEVALLOC_REQUIRE_ALL=1`).
+pub fn require_all() -> bool {
+    std::env::var("DEVALLOC_REQUIRE_ALL").is_ok_and(|v| v == "1")
+}
+
+/// How many devices of `device_type` this machine has, where the run says
+/// (`DEVALLOC_EXPECT_CUDA_DEVICES=2`: the GPU bundle sets it from `nvidia-smi -L`).
+pub fn expected_devices(device_type: devalloc::DeviceType) -> Option<usize> {
+    let name = format!("DEVALLOC_EXPECT_{}_DEVICES", device_type.to_string().to_uppercase());
+    std::env::var(name).ok()?.trim().parse().ok()
+}
+
+/// Another device of `a` than `i`, for a check's cross-device part; `None` after saying that
+/// part did not run. On a machine that should have had a second device (`DEVALLOC_REQUIRE_ALL`
+/// and [`expected_devices`] of 2 or more) a missing one is a failure, not a skip.
+pub fn other_device(a: &dyn DeviceAllocator, i: DeviceIndex, what: &str) -> Option<DeviceIndex> {
+    let n = a.device_count() as DeviceIndex;
+    if n >= 2 {
+        return Some((i + 1) % n);
+    }
+    let expected = expected_devices(a.device_type());
+    if require_all() && expected.is_some_and(|e| e >= 2) {
+        panic!("{what}: this machine has {expected:?} {} devices, the allocator sees {n}", a.device_type());
+    }
+    eprintln!("SKIPPED {what}: needs two {} devices, the allocator has {n}", a.device_type());
+    None
+}
+
 /// Runs `check` on every device of a fresh allocator from `make`; a missing allocator fails
 /// or skips as `need` says.
 pub async fn on_every_device<F, Fut>(name: &str, make: Factory, need: Need, check: F)
@@ -60,8 +88,7 @@ where
         Ok(a) => Box::leak(a),
         Err(why) => {
             // scripts/gpu/run (the GPU bundle) sets DEVALLOC_REQUIRE_ALL=1: there, every allocator must exist.
-            let require_all = std::env::var("DEVALLOC_REQUIRE_ALL").is_ok_and(|v| v == "1");
-            if need == Need::Always || (need == Need::InCi && in_ci()) || require_all {
+            if need == Need::Always || (need == Need::InCi && in_ci()) || require_all() {
                 panic!("{name}: no allocator on this machine, and it is required here: {why}");
             }
             eprintln!("SKIPPED {name}: did not run: {why}");

@@ -2,44 +2,70 @@
 //! runtime relies on: copies done when they return (a read on another stream right after sees
 //! the data), the caller's current context kept, large ragged and concurrent copies, out of
 //! memory -> empty cache -> retry. Without a driver (CI, this project's machines) each says it
-//! did not run and why; `DEVALLOC_REQUIRE_ALL=1` (the GPU bundle's run) makes that a failure.
+//! did not run and why; `DEVALLOC_REQUIRE_ALL=1` (the GPU bundle's run) makes that a failure,
+//! and so is a machine with fewer devices than `DEVALLOC_EXPECT_CUDA_DEVICES` says it has.
+//! More semantics (a busy program, out of memory, peers, pinned memory) in `cuda_semantics.rs`.
 #![allow(unsafe_code)] // the driver API, as a runtime beside devalloc would call it
 
 use crate::conformance;
 
+#[path = "cuda_semantics.rs"]
+mod semantics;
+
 use devalloc::cuda::api::driver::{result, CudaContext};
 use devalloc::cuda::{CudaAllocator, CudaOptions};
 use devalloc::{
-    DeviceAllocator, DeviceAllocatorRegistry, DeviceIndex, DeviceType, Error, PoolOptions,
-    RegistrationOutcome, DEFAULT_ALIGNMENT,
+    DeviceAllocator, DeviceAllocatorRegistry, DeviceType, Error, PoolOptions, RegistrationOutcome,
+    DEFAULT_ALIGNMENT,
 };
 
 fn cuda() -> conformance::Made {
     conformance::ready(CudaAllocator::new())
 }
 
-fn cuda_uncached() -> conformance::Made {
-    conformance::ready(CudaAllocator::with_options(CudaOptions {
-        pool: PoolOptions::default(),
-        ..CudaOptions::default()
-    }))
+/// Caching off: every allocation asks the driver, every free gives back (the default caches).
+fn uncached_options() -> CudaOptions {
+    CudaOptions { pool: PoolOptions { caching: false, ..PoolOptions::default() }, ..CudaOptions::default() }
 }
 
-fn require_all() -> bool {
-    std::env::var("DEVALLOC_REQUIRE_ALL").is_ok_and(|v| v == "1")
+fn cuda_uncached() -> conformance::Made {
+    conformance::ready(CudaAllocator::with_options(uncached_options()))
 }
+
+use conformance::require_all;
 
 /// The allocator, or `None` after saying why the test did not run (a failure when required).
+/// Where the run says how many GPUs the machine has, the allocator must see as many.
 fn gpu(test: &str) -> Option<CudaAllocator> {
     conformance::logging::init_for_tests();
     match CudaAllocator::new() {
-        Ok(a) => Some(a),
+        Ok(a) => {
+            let expected = conformance::expected_devices(DeviceType::Cuda);
+            if let Some(n) = expected.filter(|&n| n != a.device_count()) {
+                let msg = format!("{test}: the machine has {n} GPU(s), devalloc sees {}", a.device_count());
+                assert!(!require_all(), "{msg}");
+                eprintln!("warning: {msg}");
+            }
+            Some(a)
+        }
         Err(e) if require_all() => panic!("{test}: no CUDA device, and DEVALLOC_REQUIRE_ALL=1: {e}"),
         Err(e) => {
             eprintln!("SKIPPED {test}: did not run: {e}");
             None
         }
     }
+}
+
+#[test]
+fn the_uncached_suite_really_runs_uncached() {
+    // Without a GPU this checks the options alone (with one, the suite below runs on them).
+    assert!(!uncached_options().pool.caching, "the `uncached` suite would run with caching on");
+    let Some(a) = gpu("the_uncached_suite_really_runs_uncached") else { return };
+    drop(a);
+    let a = CudaAllocator::with_options(uncached_options()).unwrap();
+    let p = a.allocate(1 << 20, 0, DEFAULT_ALIGNMENT).unwrap();
+    a.deallocate(p, 0).unwrap();
+    assert_eq!(a.stats(0).unwrap().cached_bytes, 0, "a freed block was cached");
 }
 
 mod cached {
@@ -160,85 +186,69 @@ fn a_read_on_another_stream_right_after_an_upload_sees_the_data() {
     }
 }
 
+/// Every kind of devalloc call, on the happy path and on error paths that reached the driver,
+/// with `what_is_current` before; the same must be current after each.
+fn calls_keep(a: &CudaAllocator, what_is_current: &str) {
+    let before = result::ctx::get_current().unwrap();
+    let same = |after: &str| {
+        assert_eq!(
+            result::ctx::get_current().unwrap(),
+            before,
+            "{what_is_current}: {after} changed the current context"
+        );
+    };
+    let p = a.allocate(6 << 20, 0, DEFAULT_ALIGNMENT).unwrap();
+    same("allocate");
+    // 6 MiB: staged (above the 4 MiB threshold), on copy threads; 100 bytes: straight.
+    a.copy_host_to_device(p, &pattern(6 << 20, 5), 0).unwrap();
+    a.copy_host_to_device(p, &[1u8; 100], 0).unwrap();
+    same("an upload");
+    let mut back = vec![0u8; 6 << 20];
+    a.copy_device_to_host(&mut back, p, 0).unwrap();
+    same("a download");
+    a.copy_device_to_device(p, 0, p.offset(16).unwrap(), 0, 1000).unwrap();
+    same("a device-to-device copy");
+    a.mem_info(0).unwrap();
+    a.stats(0).unwrap();
+    same("mem_info and stats");
+    // Error paths that reach the driver: out of memory (allocating the whole card, twice: the
+    // pool empties its cache and retries) and a failure half-way is the same.
+    // (The context itself takes hundreds of MiB: the card less 64 MiB cannot fit.)
+    let total = a.mem_info(0).unwrap().1 as usize;
+    let e = a.allocate(total - (64 << 20), 0, DEFAULT_ALIGNMENT).unwrap_err();
+    assert!(matches!(e, Error::OutOfMemory { .. }), "{e}");
+    same("an allocation that ran out of memory");
+    assert!(a.copy_host_to_device(p.offset(6 << 20).unwrap(), &[1], 0).is_err());
+    same("a refused copy");
+    a.deallocate(p, 0).unwrap();
+    same("deallocate");
+}
+
 #[test]
 fn the_callers_current_context_is_the_same_after_a_devalloc_call() {
     let Some(a) = gpu("the_callers_current_context_is_the_same_after_a_devalloc_call") else { return };
     // A context of the runtime's own on GPU 0 (one GPU is enough), current on this thread.
     let mine = CudaContext::new_non_primary(0, 0).expect("a second context");
     mine.bind_to_thread().unwrap();
+    assert_eq!(result::ctx::get_current().unwrap(), Some(mine.cu_ctx()));
+    calls_keep(&a, "another context");
+    // None current (a thread that never used CUDA): none afterwards, not devalloc's.
+    // SAFETY: null unbinds.
+    unsafe { result::ctx::set_current(std::ptr::null_mut()) }.unwrap();
+    calls_keep(&a, "no context");
+    assert_eq!(result::ctx::get_current().unwrap(), None);
+    // The primary context, devalloc's own, already current (as in a PyTorch program).
+    let primary = CudaContext::new(0).expect("the primary context");
+    primary.bind_to_thread().unwrap();
+    calls_keep(&a, "the primary context");
+    // Dropped while it holds a cached block and a live one: both are freed through devalloc's
+    // context, and the caller's stays current.
+    mine.bind_to_thread().unwrap();
     let before = result::ctx::get_current().unwrap();
-    assert_eq!(before, Some(mine.cu_ctx()));
-    let p = a.allocate(3 << 20, 0, DEFAULT_ALIGNMENT).unwrap();
-    a.copy_host_to_device(p, &pattern(3 << 20, 5), 0).unwrap();
-    let mut back = vec![0u8; 3 << 20];
-    a.copy_device_to_host(&mut back, p, 0).unwrap();
-    a.copy_device_to_device(p, 0, p.offset(16).unwrap(), 0, 1000).unwrap();
-    a.deallocate(p, 0).unwrap();
-    // Dropped below while it holds a cached block (`p`'s) and a live one: both are freed
-    // through devalloc's context, and the caller's stays current.
+    let cached = a.allocate(1 << 20, 0, DEFAULT_ALIGNMENT).unwrap();
+    a.deallocate(cached, 0).unwrap();
     let _live = a.allocate(1 << 20, 0, DEFAULT_ALIGNMENT).unwrap();
     assert!(a.stats(0).unwrap().cached_bytes > 0);
-    assert_eq!(result::ctx::get_current().unwrap(), before, "devalloc changed the caller's current context");
     drop(a);
     assert_eq!(result::ctx::get_current().unwrap(), before, "dropping devalloc changed the current context");
-}
-
-/// Run alone (`--ignored --test-threads=1`): it fills the GPU.
-#[test]
-#[ignore = "fills the GPU: the bundle runs it alone"]
-fn out_of_memory_then_empty_cache_then_retry_frees_for_real() {
-    let Some(a) = gpu("out_of_memory_then_empty_cache_then_retry_frees_for_real") else { return };
-    let (free, total) = a.mem_info(0).unwrap();
-    eprintln!("cuda:0: {free} of {total} bytes free");
-    let block = 1usize << 30;
-    let mut held = Vec::new();
-    loop {
-        match a.allocate(block, 0, DEFAULT_ALIGNMENT) {
-            Ok(p) => held.push(p),
-            Err(Error::OutOfMemory { .. }) => break,
-            Err(e) => panic!("{e}"),
-        }
-        assert!(held.len() < 10_000, "never ran out");
-    }
-    assert!(!held.is_empty());
-    let before = a.stats(0).unwrap();
-    // Free half into the cache: a request of another size must get the memory back.
-    for p in held.drain(..held.len() / 2) {
-        a.deallocate(p, 0).unwrap();
-    }
-    assert!(a.stats(0).unwrap().cached_bytes > 0);
-    let other = a
-        .allocate(block + (3 << 20), 0, DEFAULT_ALIGNMENT)
-        .expect("the cache was emptied and the retry worked");
-    let after = a.stats(0).unwrap();
-    eprintln!("before {before:?}\nafter {after:?}");
-    a.deallocate(other, 0).unwrap();
-    for p in held {
-        a.deallocate(p, 0).unwrap();
-    }
-    a.empty_cache();
-    let (free2, _) = a.mem_info(0).unwrap();
-    assert!(free2 + (1 << 30) >= free, "empty_cache gave the memory back to the driver: {free2} vs {free}");
-}
-
-#[test]
-fn peer_copies_between_two_gpus() {
-    let Some(a) = gpu("peer_copies_between_two_gpus") else { return };
-    if a.device_count() < 2 {
-        eprintln!(
-            "SKIPPED peer_copies_between_two_gpus: needs two GPUs, this machine has {}",
-            a.device_count()
-        );
-        return;
-    }
-    let n = 24 << 20;
-    let data = pattern(n, 42);
-    let (i, j): (DeviceIndex, DeviceIndex) = (0, 1);
-    let p = a.allocate(n, i, DEFAULT_ALIGNMENT).unwrap();
-    let q = a.allocate(n, j, DEFAULT_ALIGNMENT).unwrap();
-    a.copy_host_to_device(p, &data, i).unwrap();
-    a.copy_device_to_device(q, j, p, i, n).unwrap();
-    let mut back = vec![0u8; n];
-    a.copy_device_to_host(&mut back, q, j).unwrap();
-    assert!(back == data);
 }
