@@ -83,9 +83,19 @@ impl Loss {
         self.record.mark(None, message);
     }
 
-    /// Whether the loss is recorded.
+    /// Whether the loss is recorded. In the browser, also whether the browser has taken the
+    /// device away without wgpu knowing yet (`GPUDevice.destroy()`, a lost WebGL2 context: see
+    /// `platform/web.rs`), which this then records.
     pub fn is_lost(&self) -> bool {
-        self.record.lost.load(Ordering::Acquire)
+        if self.record.lost.load(Ordering::Acquire) {
+            return true;
+        }
+        #[cfg(web)]
+        if let Some((reason, message)) = Current::taken_away(self.record.serial) {
+            self.record.mark(Some(reason), message);
+            return true;
+        }
+        false
     }
 
     /// The [`Error::DeviceLost`] of this device.
@@ -208,7 +218,7 @@ impl LostRecord {
     }
 
     /// Records the loss (the first time) and calls the app's handler once.
-    fn mark(&self, reason: Option<wgpu::DeviceLostReason>, message: &str) {
+    pub(crate) fn mark(&self, reason: Option<wgpu::DeviceLostReason>, message: &str) {
         {
             let mut r = lock(&self.reason);
             if self.lost.load(Ordering::Acquire) {
