@@ -71,14 +71,16 @@ function tint(hex, t) {
   return `rgb(${mix(n >> 16)}, ${mix((n >> 8) & 255)}, ${mix(n & 255)})`;
 }
 
-// Colours by key: a hue per family, biggest family first (up to PALETTE.length; the rest
-// gray), and a shade per member.
+// Colours by key: a colour of its own for each, where the palette has enough; else a hue per
+// family, biggest family first (up to PALETTE.length; the rest gray), and a shade per member.
 function colours(steps) {
   const bytes = new Map();
   for (const s of steps) for (const a of s.live) bytes.set(keyOf(a), Math.max(bytes.get(keyOf(a)) || 0, a.size));
+  const own = bytes.size <= PALETTE.length;
   const families = new Map();
   for (const [k, b] of bytes) {
-    const f = families.get(familyOf(k)) || { name: familyOf(k), members: [], bytes: 0 };
+    const name = own ? k : familyOf(k);
+    const f = families.get(name) || { name, members: [], bytes: 0 };
     f.members.push(k);
     f.bytes = Math.max(f.bytes, b);
     families.set(f.name, f);
