@@ -89,8 +89,35 @@ fn lost<T: std::fmt::Debug>(what: &str, r: devalloc::Result<T>) {
     assert!(matches!(r, Err(Error::DeviceLost { .. })), "{what}: {r:?}");
 }
 
-/// Every call on `a` is DeviceLost (`p`: a live 64 KiB allocation); frees still work.
-pub async fn every_call_is_device_lost(a: &WgpuAllocator, p: DevicePtr, what: &str) {
+/// Two buffers of the app's own on `a`'s device (made before the loss): one to map for
+/// reading, one to copy to and from.
+pub struct AppBuffers {
+    read: wgpu::Buffer,
+    copy: wgpu::Buffer,
+}
+
+impl AppBuffers {
+    /// Made on `a`'s device.
+    pub fn new(a: &WgpuAllocator) -> AppBuffers {
+        let device = a.device(0).unwrap();
+        let make = |label, usage| {
+            device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size: 4096,
+                usage,
+                mapped_at_creation: false,
+            })
+        };
+        AppBuffers {
+            read: make("the app's read buffer", wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST),
+            copy: make("the app's buffer", wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST),
+        }
+    }
+}
+
+/// Every call on `a` is DeviceLost (`p`: a live 64 KiB allocation; `app`: the app's own
+/// buffers); frees still work.
+pub async fn every_call_is_device_lost(a: &WgpuAllocator, p: DevicePtr, app: &AppBuffers, what: &str) {
     let at = |call: &str| format!("{what}: {call}");
     lost(&at("allocate"), a.allocate(64, 0, DEFAULT_ALIGNMENT));
     lost(&at("allocate_zeroed"), a.allocate_zeroed(64, 0, DEFAULT_ALIGNMENT));
@@ -111,6 +138,11 @@ pub async fn every_call_is_device_lost(a: &WgpuAllocator, p: DevicePtr, what: &s
     lost(&at("a device-to-device copy"), within(&at("a device-to-device copy"), d2d).await);
     lost(&at("synchronize_async"), within(&at("synchronize_async"), a.synchronize_async(0)).await);
     lost(&at("buffer"), a.buffer(p, 0).map(drop));
+    lost(&at("buffer_range"), a.buffer_range(p, 64, 0).map(drop));
+    lost(&at("copy_to_buffer"), a.copy_to_buffer(p, &app.copy, 0, 64, 0));
+    lost(&at("copy_from_buffer"), a.copy_from_buffer(p, &app.copy, 0, 64, 0));
+    let map = a.map_buffer_async(&app.read, wgpu::MapMode::Read, 0..64, 0);
+    lost(&at("map_buffer_async"), within(&at("map_buffer_async"), map).await);
     // What needs no device still works: stats, and freeing.
     assert!(a.stats(0).is_ok(), "{what}: stats after the loss");
     a.deallocate(p, 0).unwrap_or_else(|e| panic!("{what}: freeing after the loss: {e}"));
@@ -136,10 +168,11 @@ pub async fn taken_away_between_two_calls(open: Open, take_away: TakeAway, what:
     let a = open(WgpuOptions { on_device_lost: Some(h.handler()), ..WgpuOptions::default() }).await;
     let p = a.allocate(64 << 10, 0, DEFAULT_ALIGNMENT).unwrap();
     within(what, a.copy_host_to_device_async(p, &[9u8; 64 << 10], 0)).await.unwrap();
+    let app = AppBuffers::new(&a);
     take_away(&a);
     // No await in between: the browser has not run a single task since.
     lost(&format!("{what}: the first call after"), a.allocate(64, 0, DEFAULT_ALIGNMENT));
-    every_call_is_device_lost(&a, p, what).await;
+    every_call_is_device_lost(&a, p, &app, what).await;
     heard(&h, 1, what).await;
     take_away(&a); // a second loss
     next_task().await;
@@ -164,6 +197,7 @@ pub async fn taken_away_during_copies(open: Open, take_away: TakeAway, what: &st
     let p = a.allocate(n, 0, DEFAULT_ALIGNMENT).unwrap();
     within(what, a.copy_host_to_device_async(p, &data, 0)).await.unwrap();
     within(what, a.synchronize_async(0)).await.unwrap();
+    let app = AppBuffers::new(&a);
     let mut back = vec![0u8; n];
     let (read, write) = {
         let read = a.copy_device_to_host_async(&mut back, p, 0);
@@ -185,7 +219,6 @@ pub async fn taken_away_during_copies(open: Open, take_away: TakeAway, what: &st
     }
     let q = a.allocate(64, 0, DEFAULT_ALIGNMENT);
     lost(&format!("{what}: a call after the copies"), q);
-    let p2 = p.offset(0).unwrap();
-    every_call_is_device_lost(&a, p2, what).await;
+    every_call_is_device_lost(&a, p, &app, what).await;
     heard(&h, 1, what).await;
 }
