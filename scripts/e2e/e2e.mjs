@@ -243,7 +243,7 @@ check("the memory note's peaks are the chart's", results.cache && results.cache.
 const v = results.viewer || {};
 check(snapshotFile ? `the viewer drew the snapshot ${snapshotFile}` : "the viewer drew the page's own history",
   v.shown && v.shown.events > 0 && v.shown.peakBytes > 0 && (!snapshotFile || v.source.includes(snapshotFile.split("/").pop())));
-check(`every label of the viewer has a colour of its own, none gray (${v.shown && v.shown.coloured} of ${v.shown && v.shown.labels} labels, ${v.shown && v.shown.families} families)`, v.shown && v.shown.coloured === v.shown.labels);
+check(`every label of the viewer has a colour of its own, none gray (${v.shown && v.shown.coloured} of ${v.shown && v.shown.labels} labels in ${v.shown && v.shown.families} colour groups)`, v.shown && v.shown.coloured === v.shown.labels);
 if (!snapshotFile && !noWebgpu) check("the viewer outlines the network's planned buffer", v.shown && v.shown.planned > 0);
 if (noWebgpu) check(`the network is refused for want of compute shaders, on gl: ${results.networkSkipped}`, /not supported on gl/.test(results.networkSkipped || "") && /compute shaders/.test(results.networkSkipped || "") && !results.network);
 else check("the network on a memory plan matched the CPU", results.network && results.network.maxError < 1e-3);
