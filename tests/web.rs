@@ -1,7 +1,8 @@
 //! The conformance suite in the browser (headless Chromium through wasm-bindgen-test) on the
 //! page's WebGPU adapter, and on host memory; plus browser-only tests: async downloads of
-//! ragged ranges, many overlapping pending downloads, allocation after a failed one, and the
-//! blocking calls refused with an error that names their async twin.
+//! ragged ranges, many overlapping pending downloads, allocation after a failed one, the
+//! blocking calls refused with an error that names their async twin, and a device the page
+//! destroys from JS behind wgpu's back (`conformance/browser_loss.rs`).
 //!
 //!     CHROMEDRIVER=/usr/bin/chromedriver cargo test --target wasm32-unknown-unknown --test web
 #![cfg(target_arch = "wasm32")]
@@ -175,5 +176,39 @@ async fn shared() -> &'static WgpuAllocator {
     match registry.register_allocator(a) {
         Ok(()) => a,
         Err(_) => registry.get::<WgpuAllocator>(devalloc::DeviceType::WebGpu).expect("registered meanwhile"),
+    }
+}
+
+/// `GPUDevice.destroy()`, called from JS on the device's own object, behind wgpu's back: what a
+/// page (or a library sharing the device) can do at any time.
+mod destroyed_from_js {
+    use super::*;
+    use conformance::browser_loss as loss;
+    use wasm_bindgen::{JsCast, JsValue};
+
+    fn open(options: WgpuOptions) -> devalloc::BoxFuture<'static, WgpuAllocator> {
+        Box::pin(async move {
+            WgpuAllocator::with_options_async(wgpu::Backend::BrowserWebGpu, options)
+                .await
+                .unwrap_or_else(|e| panic!("no WebGPU adapter in this browser: {e}"))
+        })
+    }
+
+    fn destroy_from_js(a: &WgpuAllocator) {
+        let device = a.device(0).unwrap().as_webgpu().expect("a WebGPU device");
+        let raw: &JsValue = device.as_ref();
+        let destroy: js_sys::Function =
+            js_sys::Reflect::get(raw, &"destroy".into()).unwrap().dyn_into().unwrap();
+        destroy.call0(raw).unwrap();
+    }
+
+    #[wasm_bindgen_test]
+    async fn between_two_calls() {
+        loss::taken_away_between_two_calls(open, destroy_from_js, "WebGPU, destroy() from JS").await;
+    }
+
+    #[wasm_bindgen_test]
+    async fn during_copies() {
+        loss::taken_away_during_copies(open, destroy_from_js, "WebGPU, destroy() from JS").await;
     }
 }

@@ -3,7 +3,8 @@
 //! WebGPU. There wgpu fires callbacks only from `device.poll`, and a fence is signalled only
 //! between browser tasks: every devalloc wait polls and yields to the browser. Plus the
 //! sequence the page's bench runs: a read after the app's own `StagingBelt` upload. Every test
-//! adopts one shared device (see [`device`]).
+//! adopts one shared device (see [`device`]), except those that lose a context of their own
+//! (`WEBGL_lose_context.loseContext()`: `conformance/browser_loss.rs`).
 //!
 //!     CHROMEDRIVER=/usr/bin/chromedriver cargo test --target wasm32-unknown-unknown --features webgl --test webgl
 #![cfg(all(target_arch = "wasm32", feature = "webgl"))]
@@ -117,5 +118,62 @@ async fn reads_after_the_apps_own_staging_belt_upload() {
         }
         a.synchronize_async(0).await.unwrap();
         a.deallocate(p, 0).unwrap();
+    }
+}
+
+/// The browser loses the WebGL2 context (`WEBGL_lose_context.loseContext()`, the browser's own
+/// way to simulate it), behind wgpu's back: wgpu's GL backend never notices, and its fences
+/// would never signal again.
+mod context_lost {
+    use super::*;
+    use conformance::browser_loss as loss;
+    use wasm_bindgen::{JsCast, JsValue};
+
+    /// A device of its own: its context is lost.
+    fn open(options: WgpuOptions) -> devalloc::BoxFuture<'static, WgpuAllocator> {
+        Box::pin(async move {
+            WgpuAllocator::with_options_async(wgpu::Backend::Gl, options)
+                .await
+                .unwrap_or_else(|e| panic!("no WebGL2 adapter in this browser: {e}"))
+        })
+    }
+
+    #[allow(unsafe_code)]
+    fn lose_context(a: &WgpuAllocator) {
+        // SAFETY: only the context's JS handle is cloned out of the hal device; nothing is
+        // called on the hal device.
+        let gl = unsafe { a.device(0).unwrap().as_hal::<wgpu::hal::api::Gles>() }
+            .expect("a GL device")
+            .context()
+            .webgl2_context
+            .clone();
+        let gl: &JsValue = gl.as_ref();
+        let get = |o: &JsValue, name: &str| -> js_sys::Function {
+            js_sys::Reflect::get(o, &name.into()).unwrap().dyn_into().unwrap()
+        };
+        // A lost context hands out no extension: a second loss goes through the first's.
+        let kept = EXTENSIONS.with_borrow(|k| k.iter().find(|(c, _)| c == gl).map(|(_, e)| e.clone()));
+        let ext = kept.unwrap_or_else(|| {
+            let ext = get(gl, "getExtension").call1(gl, &"WEBGL_lose_context".into()).unwrap();
+            assert!(!ext.is_null(), "this browser has no WEBGL_lose_context");
+            EXTENSIONS.with_borrow_mut(|k| k.push((gl.clone(), ext.clone())));
+            ext
+        });
+        get(&ext, "loseContext").call0(&ext).unwrap();
+    }
+
+    thread_local! {
+        /// The `WEBGL_lose_context` of each context lost so far.
+        static EXTENSIONS: RefCell<Vec<(JsValue, JsValue)>> = const { RefCell::new(Vec::new()) };
+    }
+
+    #[wasm_bindgen_test]
+    async fn between_two_calls() {
+        loss::taken_away_between_two_calls(open, lose_context, "WebGL2, loseContext()").await;
+    }
+
+    #[wasm_bindgen_test]
+    async fn during_copies() {
+        loss::taken_away_during_copies(open, lose_context, "WebGL2, loseContext()").await;
     }
 }

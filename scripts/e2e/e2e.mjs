@@ -1,11 +1,12 @@
 // End-to-end test of the browser demo: serves index.html and web/ on 127.0.0.1, opens the
 // page in Debian's Chromium through Playwright's library (no browser download), waits until
-// the demo says it is done, checks what it reports and saves a screenshot. Exit status 0 when
-// every check holds. Usage: see scripts/e2e-web.
+// the demo says it is done, checks what it reports and that the console stayed clean, saves
+// screenshots, then takes the GPU away the way the browser would (GPUDevice.destroy() from JS,
+// or WEBGL_lose_context.loseContext()) and checks that the page says so and starts again.
+// Exit status 0 when every check holds. Usage: see scripts/e2e-web.
 import { spawn } from "node:child_process";
-import { mkdirSync, existsSync, mkdtempSync } from "node:fs";
+import { mkdirSync, existsSync } from "node:fs";
 import { createServer } from "node:net";
-import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { chromium } from "playwright-core";
@@ -20,15 +21,31 @@ const noWebgpu = flag("--no-webgpu");
 // --snapshot FILE: a snapshot (e.g. from `cargo run --example tour -- --snapshot FILE`) under
 // the repository, opened in the page's viewer through ?snapshot=.
 const snapshotFile = fromCaller(value("--snapshot", null));
-const timelineShot = fromCaller(value("--timeline", join(ROOT, "target", "web-e2e", noWebgpu ? "timeline-webgl.png" : "timeline.png")));
+const out = (name) => join(ROOT, "target", "web-e2e", `${name}${noWebgpu ? "-webgl" : ""}.png`);
+const timelineShot = fromCaller(value("--timeline", out("timeline")));
+const shot = fromCaller(value("--screenshot", out("demo")));
+const lostShot = fromCaller(value("--lost-screenshot", shot.replace(/\.png$/, "-lost.png")));
 const expectBackend = noWebgpu ? "gl" : "webgpu";
-const shot = fromCaller(value("--screenshot", join(ROOT, "target", "web-e2e", noWebgpu ? "demo-webgl.png" : "demo.png")));
 const browserPath = process.env.CHROMIUM || "/usr/bin/chromium";
 
 if (!existsSync(join(ROOT, "web", "pkg", "devalloc_web.js"))) {
   console.error("e2e: web/pkg is missing: run scripts/build-web first");
   process.exit(2);
 }
+
+// Console lines the page cannot prevent, each with why; every other warning or error fails.
+// While the page runs: Chromium's answer when a page asks for WebGPU and the browser has no
+// adapter (the page must ask to know; it then says so on screen).
+const ALLOWED_WHILE_RUNNING = noWebgpu ? [[/^warning: No available adapters\.$/, "Chromium, when asked for a WebGPU adapter it does not have"]] : [];
+// Once the GPU is taken away: the browser's own note of a lost context, and devalloc's error
+// log of the loss (a lost context is an error; a destroyed WebGPU device is logged as info).
+const ALLOWED_AFTER_LOSS = noWebgpu
+  ? [
+    [/^warning: WebGL: CONTEXT_LOST_WEBGL: loseContext: context lost$/, "Chromium, when the page loses the context"],
+    [/^warning: WebGL: INVALID_OPERATION: loseContext: context already lost$/, "Chromium, at the second loss"],
+    [/^error: devalloc: a wgpu device was lost: the browser lost the WebGL2 context$/, "devalloc's log of the loss"],
+  ]
+  : [];
 
 const freePort = () =>
   new Promise((ok, fail) => {
@@ -46,12 +63,28 @@ async function waitForServer(url, ms) {
   throw new Error(`the web server at ${url} did not come up`);
 }
 
+const checks = [];
+const check = (name, ok) => checks.push([name, Boolean(ok)]);
+const notes = [];
+const note = (line) => notes.push(line);
+
+// Sorts console lines into allowed (with the reason) and not.
+function judge(lines, allowed, phase) {
+  const bad = [];
+  for (const line of lines) {
+    const hit = allowed.find(([re]) => re.test(line));
+    if (hit) note(`console (${phase}), allowed: ${line}  [${hit[1]}]`);
+    else bad.push(line);
+  }
+  for (const line of bad) note(`console (${phase}): ${line}`);
+  return bad;
+}
+
 const port = await freePort();
 const server = spawn("python3", ["-m", "http.server", "--bind", "127.0.0.1", String(port)], { cwd: ROOT, stdio: "ignore" });
 let browser;
-let results;
-const checks = [];
-const check = (name, ok) => checks.push([name, Boolean(ok)]);
+let results = {};
+let lostResults = null;
 try {
   const rel = snapshotFile ? resolve(snapshotFile).slice(ROOT.length + 1) : null;
   if (snapshotFile && !resolve(snapshotFile).startsWith(ROOT + "/")) throw new Error("--snapshot: the file must be under the repository (the page can only fetch from there)");
@@ -67,7 +100,25 @@ try {
     ],
   });
   const page = await browser.newPage({ viewport: { width: 1100, height: 1500 } });
-  const consoleLines = [];
+  // The GPU objects the page makes, kept where this test can take them away as the browser
+  // would: wgpu's GPUDevice, and the WebGL2 context wgpu's GL backend draws with.
+  await page.addInitScript(() => {
+    const kept = (window.__e2e = { devices: [], contexts: [] });
+    if (window.GPUAdapter) {
+      const request = GPUAdapter.prototype.requestDevice;
+      GPUAdapter.prototype.requestDevice = async function (...a) { const d = await request.apply(this, a); kept.devices.push(d); return d; };
+    }
+    for (const C of [window.OffscreenCanvas, window.HTMLCanvasElement]) {
+      if (!C) continue;
+      const get = C.prototype.getContext;
+      C.prototype.getContext = function (type, ...rest) {
+        const ctx = get.call(this, type, ...rest);
+        if (ctx && type === "webgl2" && !kept.contexts.includes(ctx)) kept.contexts.push(ctx);
+        return ctx;
+      };
+    }
+  });
+  let consoleLines = [];
   page.on("console", (m) => { if (m.type() === "error" || m.type() === "warning") consoleLines.push(`${m.type()}: ${m.text()}`); });
   page.on("pageerror", (e) => consoleLines.push(`pageerror: ${e.message}`));
   await page.goto(url);
@@ -80,13 +131,93 @@ try {
   }
   const raw = await page.locator("#results").textContent();
   const status = await page.locator("#status").textContent();
+  results = raw ? JSON.parse(raw) : { error: `the page did not finish: ${status}` };
+  console.log(`e2e: page ${url}: title ${JSON.stringify(title)}, status ${JSON.stringify(status)}`);
+
+  // The viewer: a snapshot's history replayed under limits typed into the page.
+  const replay = async (limit) => {
+    await page.fill("#replay-limit", limit);
+    await page.click("#replay-run");
+    await page.waitForFunction(() => document.getElementById("replay-result").textContent.length > 0);
+    return page.evaluate(() => window.devallocViewer.lastReplay());
+  };
+  if (results.viewer && results.viewer.shown) {
+    const v = results.viewer.shown;
+    const free = await replay("");
+    check(`a replay with no limit fits, and its peak live (${free && free.peakLive}) is the viewer's peak allocated (${v.peakBytes}) less what was live before recording (${v.beforeBytes})`,
+      free && !free.failure && free.peakLive === v.peakBytes - v.beforeBytes);
+    // Just under the most live at once: no allocator fits, and the replay says where.
+    const tight = free.lowerBound - 1;
+    const failed = await replay(String(tight));
+    const seqs = new Set(v.steps.filter((s) => s[1] === "alloc").map((s) => s[0]));
+    check(`under ${tight} bytes the replay stops at an allocation the viewer shows (event ${failed && failed.failure && failed.failure.step}), refused for want of memory: ${failed && failed.failure && failed.failure.error}`,
+      failed && failed.failure && seqs.has(failed.failure.step) && /out of memory|can never be allocated/i.test(failed.failure.error));
+    const roomy = await replay("1 GiB");
+    check("under 1 GiB the replay fits", roomy && !roomy.failure);
+    const bad = await page.evaluate(async () => { document.getElementById("replay-limit").value = "lots"; await window.devallocViewer.replayTyped(); return document.getElementById("replay-result").textContent; });
+    check("a limit that is not a size is refused in words", /is not a size/.test(bad));
+    await replay(String(tight)); // leave the failing replay drawn for the screenshot
+    note(`replay: no limit: ${JSON.stringify(free)}; under ${tight}: fails at event ${failed.failure && failed.failure.step}`);
+  }
   mkdirSync(dirname(shot), { recursive: true });
   await page.screenshot({ path: shot, fullPage: true });
   await page.locator("#viewer").screenshot({ path: timelineShot });
-  console.log(`e2e: page ${url}: title ${JSON.stringify(title)}, status ${JSON.stringify(status)}`);
-  console.log(`e2e: screenshot saved to ${shot}`);
-  for (const line of consoleLines.slice(0, 20)) console.log(`e2e: console ${line}`);
-  results = raw ? JSON.parse(raw) : { error: `the page did not finish: ${status}` };
+  console.log(`e2e: screenshots ${shot}, ${timelineShot}`);
+  const whileRunning = judge(consoleLines, ALLOWED_WHILE_RUNNING, "while the page ran");
+  check(`the console stayed clean while the page ran (${whileRunning.length} warnings or errors, listed above)`, whileRunning.length === 0);
+  if (snapshotFile) {
+    check(`the snapshot was drawn within 2 s of loading the page (${results.viewerShownMs && results.viewerShownMs.toFixed(0)} ms)`, results.viewerShownMs > 0 && results.viewerShownMs < 2000);
+    const steps = (results.viewer && results.viewer.shown && results.viewer.shown.steps) || [];
+    const from = steps.findIndex((s) => s[2] === "input.step1");
+    const reserved = new Set(steps.slice(from).map((s) => s[4]));
+    check(`the tour's reserved bytes are drawn flat from step 1 (event ${from >= 0 ? steps[from][0] : "?"}) on: ${[...reserved].join(", ")}`, from > 0 && reserved.size === 1);
+    check("the tour's history accounts for every byte reserved at the end", steps.length && steps[steps.length - 1][4] === results.viewer.shown.reservedNow);
+  }
+
+  // The browser takes the GPU away.
+  if (title === "devalloc: done") {
+    consoleLines = [];
+    const take = () => page.evaluate(() => {
+      const k = window.__e2e;
+      if (k.devices.length) { k.devices.at(-1).destroy(); return "GPUDevice.destroy()"; }
+      k.ext = k.ext || k.contexts.at(-1).getExtension("WEBGL_lose_context");
+      k.ext.loseContext();
+      return "WEBGL_lose_context.loseContext()";
+    });
+    const how = await take();
+    try {
+      await page.waitForFunction(() => document.title === "devalloc: lost", null, { timeout: 15_000 });
+    } catch (e) {
+      console.log(`e2e: the page did not say the GPU was lost: ${e.message}`);
+    }
+    await take(); // a second loss
+    await page.waitForTimeout(500);
+    lostResults = JSON.parse(await page.locator("#results").textContent()).lost || null;
+    const calls = await page.evaluate(() => window.devalloc.lostCalls);
+    const shown = await page.locator("#lost").isVisible();
+    check(`after ${how} the page says the GPU was lost and offers to start again`, shown && await page.locator("#restart").isVisible());
+    check(`devalloc's on_device_lost fired once, a second loss included (${calls})`, calls === 1 && lostResults && lostResults.calls === 1);
+    const probes = (lostResults && lostResults.probes) || [];
+    check(`every call after the loss failed with DeviceLost (${probes.map((p) => p.name).join(", ")})`, probes.length === 3 && probes.every((p) => /was lost/.test(p.error || "")));
+    check(`the loss was named: ${lostResults && lostResults.message}`, lostResults && (noWebgpu ? /WebGL2 context/ : /Destroyed/).test(lostResults.message));
+    await page.evaluate(() => window.scrollTo(0, 0));
+    await page.screenshot({ path: lostShot, fullPage: false });
+    const afterLoss = judge(consoleLines, ALLOWED_AFTER_LOSS, "after the loss");
+    check(`nothing but the loss itself in the console after it (${afterLoss.length} other lines)`, afterLoss.length === 0);
+    // Start again: the page reloads and opens a new device.
+    consoleLines = [];
+    await page.click("#restart");
+    try {
+      await page.waitForSelector("#roundtrip .ok", { timeout: 60_000 });
+      check("after starting again, a new device round-trips data", true);
+    } catch (e) {
+      check(`after starting again, a new device round-trips data (${e.message})`, false);
+    }
+    const restarted = judge(consoleLines, ALLOWED_WHILE_RUNNING, "after starting again");
+    check(`the console stayed clean after starting again (${restarted.length} lines)`, restarted.length === 0);
+  } else {
+    check("the page finished, so the GPU could be taken away", false);
+  }
 } finally {
   if (browser) await browser.close();
   server.kill();
@@ -96,32 +227,41 @@ check("the page finished without an error", results.ok && !results.error);
 check("the round trip was verified", results.roundTrip);
 check(`backend is ${expectBackend}`, results.backend === expectBackend);
 const hostile = results.hostile || [];
-check(`every hostile JS argument was refused with an exception naming it (${hostile.length} cases)`, hostile.length > 10 && hostile.every((h) => h.ok));
+check(`every hostile JS argument was refused with an exception in JS's words (${hostile.length} cases)`, hostile.length > 15 && hostile.every((h) => h.ok));
 check("refused JS calls changed no stats", results.hostileStatsKept);
 const bench = results.bench || [];
 const sizes = [4096, 64 << 10, 1 << 20, 16 << 20, 64 << 20];
 check("throughput measured from 4 KiB to 64 MiB", JSON.stringify(bench.map((b) => b.size)) === JSON.stringify(sizes));
+const downPeers = noWebgpu ? 3 : 4;
 check("every method of every size measured, its data verified",
-  bench.length && bench.every((b) => b.verified && b.up.length === 3 && b.down.length === 4 && [...b.up, ...b.down].every((m) => m.gbps > 0)));
-check("4-byte latency measured", ((results.latencyUs || {}).devalloc || 0) > 0);
+  bench.length && bench.every((b) => b.verified && b.up.length === 3 && b.down.length === downPeers && [...b.up, ...b.down].every((m) => m.gbps > 0)));
+const lat = results.latency || {};
+check(`the 4-byte latency timed over ${lat.reads} reads a sample, and no two methods read alike to the microsecond`,
+  lat.reads >= 10 && lat.us && Object.values(lat.us).every((us) => us > 0) && new Set(Object.values(lat.us).map((us) => us.toFixed(1))).size > 1);
 check("memory chart fed with allocated <= reserved", results.memory && results.memory.every((m) => m.allocated <= m.reserved));
+check("the memory note's peaks are the chart's", results.cache && results.cache.peakReserved === Math.max(...results.memory.map((m) => m.reserved)));
 const v = results.viewer || {};
 check(snapshotFile ? `the viewer drew the snapshot ${snapshotFile}` : "the viewer drew the page's own history",
   v.shown && v.shown.events > 0 && v.shown.peakBytes > 0 && (!snapshotFile || v.source.includes(snapshotFile.split("/").pop())));
-if (!snapshotFile && noWebgpu) check("the network is refused for want of compute shaders, with that reason", /compute shaders/.test(results.networkSkipped || "") && !results.network);
-else if (!snapshotFile) check("the network on a memory plan matched the CPU", results.network && results.network.maxError < 1e-3);
-console.log(`e2e: viewer: ${JSON.stringify(v)}; timeline screenshot ${timelineShot}`);
+check(`every label of the viewer has a colour of its own, none gray (${v.shown && v.shown.coloured} of ${v.shown && v.shown.labels} labels in ${v.shown && v.shown.families} colour groups)`, v.shown && v.shown.coloured === v.shown.labels);
+if (!snapshotFile && !noWebgpu) check("the viewer outlines the network's planned buffer", v.shown && v.shown.planned > 0);
+if (noWebgpu) check(`the network is refused for want of compute shaders, on gl: ${results.networkSkipped}`, /not supported on gl/.test(results.networkSkipped || "") && /compute shaders/.test(results.networkSkipped || "") && !results.network);
+else check("the network on a memory plan matched the CPU", results.network && results.network.maxError < 1e-3);
+if (v.shown) console.log(`e2e: viewer: ${v.source}: ${v.shown.device}, ${v.shown.events} events, peak ${v.shown.peakBytes} allocated / ${v.shown.peakReserved} reserved, ${v.shown.labels} labels`);
 
 console.log(`e2e: adapter ${JSON.stringify(results.adapter)}`);
 for (const h of hostile) if (!h.ok) console.log(`e2e: hostile ${h.name}: ${h.threw ? `threw "${h.message}"` : "did not throw"}`);
 if (bench.length) {
-  const names = (ms) => ms.map((m) => m.name.padStart(15)).join("");
+  const names = (ms) => ms.map((m) => m.name.padStart(16)).join("");
   console.log(`e2e: upload GB/s (interleaved medians)\ne2e: ${"size".padStart(9)}${names(bench[0].up)}   devalloc/best peer`);
-  for (const b of bench) console.log(`e2e: ${String(b.size).padStart(9)}${b.up.map((m) => m.gbps.toFixed(3).padStart(15)).join("")}   ${b.upRatio.toFixed(2)}x (${b.upBestPeer})`);
+  for (const b of bench) console.log(`e2e: ${String(b.size).padStart(9)}${b.up.map((m) => m.gbps.toFixed(3).padStart(16)).join("")}   ${b.upRatio.toFixed(2)}x (${b.upBestPeer})`);
   console.log(`e2e: download GB/s\ne2e: ${"size".padStart(9)}${names(bench[0].down)}   devalloc/best peer`);
-  for (const b of bench) console.log(`e2e: ${String(b.size).padStart(9)}${b.down.map((m) => m.gbps.toFixed(3).padStart(15)).join("")}   ${b.downRatio.toFixed(2)}x (${b.downBestPeer})`);
+  for (const b of bench) console.log(`e2e: ${String(b.size).padStart(9)}${b.down.map((m) => m.gbps.toFixed(3).padStart(16)).join("")}   ${b.downRatio.toFixed(2)}x (${b.downBestPeer})`);
+  for (const s of bench[0].skipped || []) console.log(`e2e: not measured: ${s.name}: ${s.why}`);
 }
-if (results.latencyUs) console.log(`e2e: 4-byte download (us): ${Object.entries(results.latencyUs).map(([k, v]) => `${k} ${v.toFixed(0)}`).join(", ")}; devalloc/best peer ${results.latencyRatio.toFixed(2)}x`);
+if (lat.us) console.log(`e2e: 4-byte download, per read (${lat.samples} samples of ${lat.reads} reads): ${Object.entries(lat.us).map(([k, us]) => `${k} ${us.toFixed(1)} us`).join(", ")}; devalloc/best peer ${lat.ratio.toFixed(2)}x`);
+if (lostResults) console.log(`e2e: lost: ${JSON.stringify(lostResults)}`);
+for (const line of notes) console.log(`e2e: ${line}`);
 const failed = checks.filter(([, ok]) => !ok);
 for (const [name, ok] of checks) console.log(`e2e: ${ok ? "ok  " : "FAIL"} ${name}`);
 if (results.error) console.log(`e2e: the page reported: ${results.error}`);

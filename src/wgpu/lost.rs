@@ -7,19 +7,19 @@
 //! loss here and then calls the app's [`super::WgpuOptions::on_device_lost`] once; every later
 //! allocator on the same device shares the record. The decisions:
 //!
-//! - **Before a call** ([`LostRecord::check`]): poll without blocking (an idle device reports
+//! - **Before a call** ([`Loss::check`]): poll without blocking (an idle device reports
 //!   its loss at once), then read the record. Calls that poll anyway (waits) and uploads where
 //!   wgpu-core runs the device skip it: wgpu refuses their work at once on a device that is no
 //!   longer valid (`write_buffer_with` gives `None`, a staging re-map fails). A poll costs
 //!   ~150 ns on Vulkan but ~1.5 us on GL (it takes the context lock).
-//! - **After a failure** ([`LostRecord::or_lost`]): let a poll half-way on another thread run
+//! - **After a failure** ([`Loss::or_lost`]): let a poll half-way on another thread run
 //!   its lost callback, read the record, and where wgpu refused something without reporting a
-//!   loss, ask wgpu whether the device is still valid ([`LostRecord::device_invalid`]: a 4-byte
+//!   loss, ask wgpu whether the device is still valid ([`Loss::device_invalid`]: a 4-byte
 //!   write into a probe buffer of devalloc's is refused exactly when it is not). A device
 //!   destroyed with work still queued is invalid at once but reported only once that work is
-//!   done: [`LostRecord::settle`] waits for the report (a second at most), then records the
+//!   done: [`Loss::settle`] waits for the report (a second at most), then records the
 //!   loss itself.
-//! - **After a panic inside wgpu** ([`LostRecord::after_panic`]): a real driver-level loss makes
+//! - **After a panic inside wgpu** ([`Loss::after_panic`]): a real driver-level loss makes
 //!   `Device::poll` panic, but so does a race inside wgpu-core 30.0.2 on a healthy device (see
 //!   `platform/native.rs`). A panic is a loss only once the probe says the device is invalid;
 //!   otherwise it is logged and the device keeps working.
@@ -83,9 +83,19 @@ impl Loss {
         self.record.mark(None, message);
     }
 
-    /// Whether the loss is recorded.
+    /// Whether the loss is recorded. In the browser, also whether the browser has taken the
+    /// device away without wgpu knowing yet (`GPUDevice.destroy()`, a lost WebGL2 context: see
+    /// `platform/web.rs`), which this then records.
     pub fn is_lost(&self) -> bool {
-        self.record.lost.load(Ordering::Acquire)
+        if self.record.lost.load(Ordering::Acquire) {
+            return true;
+        }
+        #[cfg(web)]
+        if let Some((reason, message)) = Current::taken_away(self.record.serial) {
+            self.record.mark(Some(reason), message);
+            return true;
+        }
+        false
     }
 
     /// The [`Error::DeviceLost`] of this device.
@@ -208,7 +218,7 @@ impl LostRecord {
     }
 
     /// Records the loss (the first time) and calls the app's handler once.
-    fn mark(&self, reason: Option<wgpu::DeviceLostReason>, message: &str) {
+    pub(crate) fn mark(&self, reason: Option<wgpu::DeviceLostReason>, message: &str) {
         {
             let mut r = lock(&self.reason);
             if self.lost.load(Ordering::Acquire) {

@@ -1,22 +1,32 @@
 //! The browser demo of devalloc (wasm32 only): JS bindings over one `WgpuAllocator` on the
 //! page's WebGPU adapter (WebGL2 with the `webgl` feature), a benchmark against the ways a
-//! careful wgpu user would copy without devalloc, and the data the page's charts draw.
+//! careful wgpu user would copy without devalloc, a replay of snapshot histories under a
+//! memory limit, and the data the page's charts draw.
 //!
-//! Every argument that comes from JS is checked: sizes, lengths and alignments are
-//! non-negative safe integers that fit, pointers are BigInts below 2^64; anything else is an
-//! exception that names the argument. Every devalloc error arrives in JS as an exception with
-//! devalloc's message. Reads return promises: in the browser nothing may block.
+//! Every argument that comes from JS is checked (`args.rs`): sizes, lengths and alignments are
+//! non-negative whole numbers that fit, pointers are BigInts below 2^64; anything else is an
+//! exception that names the argument in JS's words. Every devalloc error arrives in JS as an
+//! exception with devalloc's message. Reads return promises: in the browser nothing may block.
 #![cfg(target_arch = "wasm32")]
 
+mod args;
 mod bench;
 mod network;
+mod peers;
+mod replay;
 
-use devalloc::wgpu::{WgpuAllocator, WgpuOptions};
-use devalloc::{DeviceAllocator, DeviceAllocatorRegistry, DevicePtr, DEFAULT_ALIGNMENT};
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use devalloc::wgpu::{DeviceLostHandler, WgpuAllocator, WgpuOptions};
+use devalloc::{DeviceAllocator, DeviceAllocatorRegistry, DEFAULT_ALIGNMENT};
 use js_sys::Promise;
 use serde::Serialize;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
+
+use args::{address, count, describe};
+pub use replay::replay_snapshot;
 
 pub(crate) use devalloc::wgpu::api as wgpu;
 
@@ -30,42 +40,56 @@ pub(crate) fn to_js<T: Serialize>(v: &T) -> Result<JsValue, JsValue> {
     serde_wasm_bindgen::to_value(v).map_err(|e| JsError::new(&e.to_string()).into())
 }
 
-/// `value` as a byte count: a non-negative safe integer that fits in this build's `usize`.
-fn count(value: &JsValue, name: &str) -> Result<usize, JsValue> {
-    let bad = |why: &str| -> JsValue { JsError::new(&format!("{name} must be {why}, got {value:?}")).into() };
-    let n = value.as_f64().ok_or_else(|| bad("a number"))?;
-    if !js_sys::Number::is_safe_integer(value) || n < 0.0 {
-        return Err(bad("a non-negative safe integer"));
-    }
-    usize::try_from(n as u64).map_err(|_| bad(&format!("at most {} here", usize::MAX)))
+thread_local! {
+    /// The page's `onLost` callback.
+    static ON_LOST: RefCell<Option<js_sys::Function>> = const { RefCell::new(None) };
+    /// What devalloc's `on_device_lost` said, and how many times it was called.
+    static LOST: RefCell<(u32, Option<String>)> = const { RefCell::new((0, None)) };
 }
 
-/// `value` as a device address: a BigInt from 0 to 2^64 - 1.
-fn address(value: &JsValue, name: &str) -> Result<DevicePtr, JsValue> {
-    if !value.is_bigint() {
-        return Err(JsError::new(&format!("{name} must be a BigInt device address, got {value:?}")).into());
-    }
-    u64::try_from(value.clone())
-        .map(DevicePtr::new)
-        .map_err(|_| JsError::new(&format!("{name} must be from 0 to 2^64 - 1, got {value:?}")).into())
+/// What devalloc's `on_device_lost` said, once it has been called.
+pub(crate) fn lost() -> Option<String> {
+    LOST.with_borrow(|l| l.1.clone())
+}
+
+/// The page's `on_device_lost`: notes the loss, then calls the page's callback from a
+/// microtask (never from inside the devalloc call that noticed the loss).
+fn on_lost() -> DeviceLostHandler {
+    Arc::new(|reason, message: &str| {
+        let text = format!("{reason:?}: {message}");
+        LOST.with_borrow_mut(|l| {
+            l.0 += 1;
+            l.1.get_or_insert_with(|| text.clone());
+        });
+        wasm_bindgen_futures::spawn_local(async move {
+            if let Some(f) = ON_LOST.with_borrow(|f| f.clone()) {
+                if let Err(e) = f.call1(&JsValue::NULL, &text.into()) {
+                    log::warn!("the page's onLost callback threw: {}", describe(&e));
+                }
+            }
+        });
+    })
 }
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct AdapterJs {
-    name: String,
-    vendor: u32,
+    /// What the browser says the adapter is: WebGPU's `GPUAdapterInfo` (vendor, architecture,
+    /// device, description), WebGL2's renderer string; empty where it says nothing.
+    vendor: String,
     architecture: String,
+    description: String,
     device_type: String,
     backend: String,
-    driver: String,
 }
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct LimitsJs {
     max_buffer_size: u64,
+    /// 0 where the device has no storage buffers (WebGL2).
     max_storage_buffer_binding_size: u64,
+    storage_buffers: bool,
     min_storage_buffer_offset_alignment: u32,
 }
 
@@ -89,30 +113,77 @@ struct StatsJs {
     misses: u64,
 }
 
+/// `n` zeroed values to read into, or an exception naming `name` where this page's memory
+/// cannot hold them (a wasm32 page has 4 GiB at most: a failed allocation would abort it).
+fn room<T: Clone + Default>(n: usize, name: &str, unit: &str) -> Result<Vec<T>, JsValue> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| {
+        args::error(format!("{name} is too large: {n} {unit} do not fit in this page's memory"))
+    })?;
+    v.resize(n, T::default());
+    Ok(v)
+}
+
+/// The benchmark's largest size: it keeps six copies of the data in this page's memory.
+const BENCH_MAX: usize = 256 << 20;
+
+/// `value` as a benchmark size: from 1 byte to [`BENCH_MAX`].
+fn bench_size(value: &JsValue) -> Result<usize, JsValue> {
+    let size = count(value, "size", "bytes")?;
+    if size == 0 || size > BENCH_MAX {
+        return Err(args::error(format!(
+            "size must be from 1 to {BENCH_MAX} bytes (the benchmark keeps six copies in this page's memory), got {size}"
+        )));
+    }
+    Ok(size)
+}
+
+/// A string property of a JS object, or "".
+fn text_of(object: &JsValue, key: &str) -> String {
+    js_sys::Reflect::get(object, &key.into()).ok().and_then(|v| v.as_string()).unwrap_or_default()
+}
+
 /// devalloc in the browser: one WgpuAllocator on the page's adapter, registered globally.
 #[wasm_bindgen]
 pub struct Devalloc {
     alloc: &'static WgpuAllocator,
+    /// Why WebGPU was not used, where the page fell back to WebGL2.
+    fallback: Option<String>,
 }
 
 #[wasm_bindgen]
 impl Devalloc {
-    /// Opens the browser's WebGPU adapter (WebGL2 when built with `webgl` and WebGPU is
-    /// missing) and registers it in the global registry.
-    pub async fn init() -> Result<Devalloc, JsError> {
+    /// Opens the browser's WebGPU adapter (WebGL2 when built with `webgl` and WebGPU has no
+    /// adapter) and registers it in the global registry. `on_lost(message)` is called once if
+    /// the device is lost (after which every call fails with devalloc's DeviceLost).
+    pub async fn init(on_lost_js: Option<js_sys::Function>) -> Result<Devalloc, JsError> {
         let _ = console_log::init_with_level(log::Level::Info);
-        let mut last = None;
+        ON_LOST.set(on_lost_js);
+        let mut last: Option<devalloc::Error> = None;
         for backend in [wgpu::Backend::BrowserWebGpu, wgpu::Backend::Gl] {
             if !wgpu::Instance::enabled_backend_features().contains(backend.into()) {
                 continue;
             }
-            match WgpuAllocator::with_options_async(backend, WgpuOptions::default()).await {
+            // On WebGL2 every staging buffer is 1 MiB at most: devalloc makes a fresh one for
+            // each read up to 1 MiB there and reuses larger ones, and Chromium warns each time
+            // a read buffer is reused (see peers::reuse_read_buffers). A console that stays
+            // clean costs large downloads some speed (the page says how much).
+            let staging_chunk = (backend == wgpu::Backend::Gl).then_some(1 << 20);
+            let options =
+                WgpuOptions { on_device_lost: Some(on_lost()), staging_chunk, ..WgpuOptions::default() };
+            match WgpuAllocator::with_options_async(backend, options).await {
                 Ok(a) => {
                     let alloc: &'static WgpuAllocator = Box::leak(Box::new(a));
+                    // The page's own wgpu calls (the benchmark's peers): an error is logged,
+                    // never a panic (wgpu's default handler on WebGL2).
+                    alloc.device(0).map_err(|e| JsError::new(&e.to_string()))?.on_uncaptured_error(Arc::new(
+                        |e: wgpu::Error| log::error!("the page's own wgpu call failed: {e}"),
+                    ));
                     if let Err(e) = DeviceAllocatorRegistry::instance().register_allocator(alloc) {
                         log::warn!("devalloc: {e}");
                     }
-                    return Ok(Devalloc { alloc });
+                    let fallback = last.map(|e| e.to_string());
+                    return Ok(Devalloc { alloc, fallback });
                 }
                 Err(e) => last = Some(e),
             }
@@ -126,16 +197,50 @@ impl Devalloc {
         self.alloc.device_type().to_string()
     }
 
-    /// The adapter: name, vendor, architecture, device type, backend, driver.
+    /// Why WebGPU was not used (the page fell back to WebGL2), or `undefined`.
+    #[wasm_bindgen(getter)]
+    pub fn fallback(&self) -> Option<String> {
+        self.fallback.clone()
+    }
+
+    /// What devalloc's `on_device_lost` said once the device was lost, or `undefined`.
+    #[wasm_bindgen(getter)]
+    pub fn lost(&self) -> Option<String> {
+        lost()
+    }
+
+    /// How many times devalloc's `on_device_lost` was called (once at most).
+    #[wasm_bindgen(getter, js_name = lostCalls)]
+    pub fn lost_calls(&self) -> u32 {
+        LOST.with_borrow(|l| l.0)
+    }
+
+    /// The adapter, as the browser describes it (wgpu's `AdapterInfo` is nearly empty on the
+    /// web: on WebGPU this reads the device's `adapterInfo`).
     pub fn adapter(&self) -> Result<JsValue, JsValue> {
         let i = self.alloc.adapter_info(0).map_err(js)?;
+        let device = self.alloc.device(0).map_err(js)?;
+        let info = device
+            .as_webgpu()
+            .and_then(|d| js_sys::Reflect::get(d.as_ref(), &"adapterInfo".into()).ok())
+            .filter(|v| v.is_object());
+        let (vendor, architecture, description) = match &info {
+            Some(info) => (text_of(info, "vendor"), text_of(info, "architecture"), {
+                let (d, dev) = (text_of(info, "description"), text_of(info, "device"));
+                if d.is_empty() {
+                    dev
+                } else {
+                    d
+                }
+            }),
+            None => (String::new(), String::new(), i.name.trim().to_string()),
+        };
         to_js(&AdapterJs {
-            name: i.name.clone(),
-            vendor: i.vendor,
-            architecture: i.device.to_string(),
+            vendor,
+            architecture,
+            description,
             device_type: format!("{:?}", i.device_type),
             backend: format!("{:?}", i.backend),
-            driver: i.driver.clone(),
         })
     }
 
@@ -145,6 +250,7 @@ impl Devalloc {
         to_js(&LimitsJs {
             max_buffer_size: l.max_buffer_size,
             max_storage_buffer_binding_size: l.max_storage_buffer_binding_size,
+            storage_buffers: l.max_storage_buffers_per_shader_stage > 0,
             min_storage_buffer_offset_alignment: l.min_storage_buffer_offset_alignment,
         })
     }
@@ -162,10 +268,13 @@ impl Devalloc {
 
     /// Allocates `nbytes` (alignment: 256 when omitted); returns the address as a BigInt.
     pub fn allocate(&self, nbytes: JsValue, alignment: JsValue) -> Result<u64, JsValue> {
-        let n = count(&nbytes, "nbytes")?;
-        let align =
-            if alignment.is_undefined() { DEFAULT_ALIGNMENT } else { count(&alignment, "alignment")? };
-        self.alloc.allocate(n, 0, align).map(DevicePtr::addr).map_err(js)
+        let n = count(&nbytes, "nbytes", "bytes")?;
+        let align = if alignment.is_undefined() {
+            DEFAULT_ALIGNMENT
+        } else {
+            count(&alignment, "alignment", "bytes")?
+        };
+        self.alloc.allocate(n, 0, align).map(devalloc::DevicePtr::addr).map_err(js)
     }
 
     /// Frees an allocation.
@@ -189,9 +298,9 @@ impl Devalloc {
 
     /// Reads `len` bytes at `ptr`; resolves to a `Uint8Array`.
     pub fn read(&self, ptr: JsValue, len: JsValue) -> Result<Promise, JsValue> {
-        let (a, ptr, len) = (self.alloc, address(&ptr, "ptr")?, count(&len, "len")?);
+        let (a, ptr, len) = (self.alloc, address(&ptr, "ptr")?, count(&len, "len", "bytes")?);
+        let mut out = room::<u8>(len, "len", "bytes")?;
         Ok(future_to_promise(async move {
-            let mut out = vec![0u8; len];
             a.copy_device_to_host_async(&mut out, ptr, 0).await.map_err(js)?;
             Ok(js_sys::Uint8Array::from(&out[..]).into())
         }))
@@ -199,10 +308,13 @@ impl Devalloc {
 
     /// Reads `count` floats at `ptr`; resolves to a `Float32Array`.
     pub fn read_f32(&self, ptr: JsValue, n: JsValue) -> Result<Promise, JsValue> {
-        let (a, ptr, n) = (self.alloc, address(&ptr, "ptr")?, count(&n, "count")?);
-        let bytes = n.checked_mul(4).ok_or_else(|| JsValue::from(JsError::new("count * 4 overflows")))?;
+        let (a, ptr, n) = (self.alloc, address(&ptr, "ptr")?, count(&n, "count", "floats")?);
+        if n > usize::MAX / 4 {
+            let most = usize::MAX / 4;
+            return Err(args::error(format!("count is too large: {n} floats; at most {most} on wasm32")));
+        }
+        let mut out = room::<f32>(n, "count", "floats")?;
         Ok(future_to_promise(async move {
-            let mut out = vec![0f32; bytes / 4];
             a.copy_device_to_host_async(bytemuck::cast_slice_mut(&mut out), ptr, 0).await.map_err(js)?;
             Ok(js_sys::Float32Array::from(&out[..]).into())
         }))
@@ -231,14 +343,13 @@ impl Devalloc {
 
     /// Starts recording the newest `events` events (0 stops); see `snapshot`.
     pub fn record_history(&self, events: JsValue) -> Result<(), JsValue> {
-        self.alloc.record_history(count(&events, "events")?).map_err(js)
+        self.alloc.record_history(count(&events, "events", "events")?).map_err(js)
     }
 
-    /// A snapshot of the allocator (devalloc's snapshot format, as a JS object).
-    pub fn snapshot(&self) -> Result<JsValue, JsValue> {
-        let snap = self.alloc.snapshot().map_err(js)?;
-        // Through JSON text, so that the page sees exactly what a snapshot file holds.
-        js_sys::JSON::parse(&snap.to_json())
+    /// A snapshot of the allocator (devalloc's snapshot format), as JSON text: exactly what
+    /// a snapshot file holds.
+    pub fn snapshot(&self) -> Result<String, JsValue> {
+        Ok(self.alloc.snapshot().map_err(js)?.to_json())
     }
 
     /// Runs a few dense layers of a network in WGSL on devalloc memory (weights in labelled
@@ -252,12 +363,24 @@ impl Devalloc {
     }
 
     /// Measures upload and download of `size` bytes through devalloc and the peers a careful
-    /// wgpu user would pick here, interleaved round by round; resolves to the medians.
+    /// wgpu user would pick here, `reps` samples each, interleaved round by round; resolves to
+    /// the medians.
     pub fn bench(&self, size: JsValue, reps: JsValue) -> Result<Promise, JsValue> {
-        let (a, size, reps) = (self.alloc, count(&size, "size")?, count(&reps, "reps")?.max(1));
-        Ok(future_to_promise(async move {
-            let r = bench::run(a, size, reps).await.map_err(js)?;
-            to_js(&r)
-        }))
+        let a = self.alloc;
+        let (size, reps) = (bench_size(&size)?, count(&reps, "reps", "samples")?.max(1));
+        let plan = bench::Plan { reps, repeat: 1, uploads: true };
+        Ok(future_to_promise(async move { to_js(&bench::run(a, size, plan).await.map_err(js)?) }))
+    }
+
+    /// The latency of a `size`-byte download by each method: `samples` samples of `reads`
+    /// reads timed together (one read is below the browser's timer resolution); resolves to
+    /// the medians per read.
+    pub fn latency(&self, size: JsValue, reads: JsValue, samples: JsValue) -> Result<Promise, JsValue> {
+        let a = self.alloc;
+        let size = bench_size(&size)?;
+        let repeat = count(&reads, "reads", "reads")?.max(1);
+        let reps = count(&samples, "samples", "samples")?.max(1);
+        let plan = bench::Plan { reps, repeat, uploads: false };
+        Ok(future_to_promise(async move { to_js(&bench::run(a, size, plan).await.map_err(js)?) }))
     }
 }

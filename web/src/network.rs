@@ -45,7 +45,7 @@ pub async fn run(a: &WgpuAllocator, widths: &[usize]) -> devalloc::Result<f32> {
         // WebGL2 has no compute shaders: say so, rather than let wgpu refuse the pipeline.
         return Err(devalloc::Error::NotSupported {
             operation: "run_network",
-            device_type: devalloc::DeviceType::WebGpu,
+            device_type: a.device_type(),
             reason: "this device has no compute shaders (WebGL2 has none); the network needs them".into(),
         });
     }

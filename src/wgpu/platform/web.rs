@@ -1,4 +1,19 @@
 //! The browser side of the platform seam (see the parent module).
+//!
+//! # When the browser takes the device away
+//!
+//! wgpu hears of a loss late or never here: on WebGPU through the device's `lost` promise,
+//! which settles a few tasks after `GPUDevice.destroy()`; on WebGL2 not at all (wgpu's GL
+//! backend does not watch for a lost context, and its fences then never signal, so a wait
+//! would poll forever). So each device's entry in [`RECORDS`] keeps a [`Watch`] that tells at
+//! once, and [`Web::taken_away`] asks it whenever devalloc asks whether the device is lost:
+//!
+//! - WebGPU: a 4-byte buffer of devalloc's, mapped at creation and never unmapped.
+//!   `destroy()` unmaps every mapped buffer of its device before it returns (the WebGPU spec,
+//!   and Chromium), so once the sentinel reads `unmapped` the device was destroyed.
+//! - WebGL2: the context itself: `isContextLost()` is true from the moment the context is
+//!   lost; and a `webglcontextlost` listener on its canvas records the loss (and so calls the
+//!   app's `on_device_lost`) even if devalloc is not called again.
 
 use std::cell::RefCell;
 use std::future::Future;
@@ -24,8 +39,20 @@ pub(crate) struct Waiter {
     polls: bool,
 }
 
+/// One device's entry: its lost record and what tells at once that the browser took it away.
+struct Entry {
+    device: wgpu::Device,
+    /// The address of its hal device, where wgpu-core runs it (WebGL2): wgpu-core devices
+    /// compare equal by id alone, and two instances number their devices alike, so two WebGL2
+    /// devices opened apart would otherwise be taken for one (as `DeviceKey` does natively).
+    hal: Option<usize>,
+    serial: u64,
+    record: Weak<LostRecord>,
+    watch: Watch,
+}
+
 thread_local! {
-    static RECORDS: RefCell<Vec<(wgpu::Device, u64, Weak<LostRecord>)>> = const { RefCell::new(Vec::new()) };
+    static RECORDS: RefCell<Vec<Entry>> = const { RefCell::new(Vec::new()) };
     static SERIAL: std::cell::Cell<u64> = const { std::cell::Cell::new(1) };
 }
 
@@ -84,22 +111,30 @@ impl Platform for Web {
     }
 
     fn record_of(device: &wgpu::Device, make: impl FnOnce(u64) -> Arc<LostRecord>) -> Arc<LostRecord> {
-        let found =
-            RECORDS.with_borrow(|t| t.iter().find(|(d, ..)| d == device).and_then(|(_, _, w)| w.upgrade()));
+        let hal = hal_address(device);
+        let same = |e: &Entry| &e.device == device && e.hal == hal;
+        let found = RECORDS.with_borrow(|t| t.iter().find(|e| same(e)).and_then(|e| e.record.upgrade()));
         if let Some(r) = found {
             return r;
         }
         let serial = SERIAL.replace(SERIAL.get() + 1);
         let record = make(serial);
-        RECORDS.with_borrow_mut(|t| {
-            t.retain(|(d, ..)| d != device);
-            t.push((device.clone(), serial, Arc::downgrade(&record)));
+        let watch = Watch::of(device, Arc::downgrade(&record));
+        // The entry a dropped record left is dropped outside the borrow (its listener goes).
+        let old = RECORDS.with_borrow_mut(|t| {
+            let old: Vec<Entry> = t.extract_if(.., |e| same(e)).collect();
+            let record = Arc::downgrade(&record);
+            t.push(Entry { device: device.clone(), hal, serial, record, watch });
+            old
         });
+        drop(old);
         record
     }
 
     fn forget_record(serial: u64) {
-        let _ = RECORDS.try_with(|t| t.borrow_mut().retain(|(_, s, _)| *s != serial));
+        let gone =
+            RECORDS.try_with(|t| t.borrow_mut().extract_if(.., |e| e.serial == serial).collect::<Vec<_>>());
+        drop(gone);
     }
 
     /// WebGPU fires callbacks from the browser's event loop; wgpu's WebGL2 backend fires them
@@ -165,6 +200,135 @@ impl Platform for Web {
     fn wgpu_core_inside(info: &wgpu::AdapterInfo) -> bool {
         info.backend == wgpu::Backend::Gl
     }
+}
+
+impl Web {
+    /// Whether the browser has taken the device of the lost record `serial` away without wgpu
+    /// knowing yet (see the module docs): the reason and message to record, else `None`.
+    /// Cheap: a JS property read.
+    pub(crate) fn taken_away(serial: u64) -> Option<(wgpu::DeviceLostReason, &'static str)> {
+        RECORDS.with_borrow(|t| t.iter().find(|e| e.serial == serial).and_then(|e| e.watch.gone()))
+    }
+}
+
+/// What tells at once that the browser took a device away (see the module docs).
+enum Watch {
+    /// WebGPU: devalloc's sentinel buffer, mapped at creation and never unmapped.
+    #[cfg(feature = "webgpu")]
+    Sentinel { buffer: wgpu::Buffer, unmapped: wasm_bindgen::JsValue },
+    /// WebGL2: the context, and the `webglcontextlost` listener on its canvas.
+    #[cfg(feature = "webgl")]
+    Context { gl: web_sys::WebGl2RenderingContext, listening: Option<Listening> },
+    /// Nothing to watch (the device is of neither kind).
+    None,
+}
+
+impl Watch {
+    /// The watch of `device`, whose loss is recorded in `record`.
+    fn of(device: &wgpu::Device, record: Weak<LostRecord>) -> Watch {
+        let _ = &record;
+        match device.adapter_info().backend {
+            #[cfg(feature = "webgpu")]
+            wgpu::Backend::BrowserWebGpu => {
+                // MAP_WRITE alone, 4 bytes, mapped at creation: nothing WebGPU could refuse.
+                let buffer = device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("devalloc loss sentinel"),
+                    size: 4,
+                    usage: wgpu::BufferUsages::MAP_WRITE,
+                    mapped_at_creation: true,
+                });
+                Watch::Sentinel { buffer, unmapped: "unmapped".into() }
+            }
+            #[cfg(feature = "webgl")]
+            wgpu::Backend::Gl => match webgl2_context(device) {
+                Some(gl) => {
+                    let listening = listen_for_loss(&gl, record);
+                    Watch::Context { gl, listening }
+                }
+                None => Watch::None,
+            },
+            _ => Watch::None,
+        }
+    }
+
+    /// `Some` once the device is gone: its reason and message.
+    fn gone(&self) -> Option<(wgpu::DeviceLostReason, &'static str)> {
+        match self {
+            #[cfg(feature = "webgpu")]
+            Watch::Sentinel { buffer, unmapped } => {
+                let raw = buffer.as_webgpu()?;
+                let state = js_sys::Reflect::get(raw.as_ref(), &"mapState".into()).ok()?;
+                (&state == unmapped).then_some((
+                    wgpu::DeviceLostReason::Destroyed,
+                    "GPUDevice.destroy() was called (it unmapped devalloc's sentinel buffer)",
+                ))
+            }
+            #[cfg(feature = "webgl")]
+            Watch::Context { gl, .. } => {
+                gl.is_context_lost().then_some((wgpu::DeviceLostReason::Unknown, CONTEXT_LOST))
+            }
+            Watch::None => None,
+        }
+    }
+}
+
+#[cfg(feature = "webgl")]
+impl Drop for Watch {
+    fn drop(&mut self) {
+        if let Watch::Context { listening: Some((canvas, listener)), .. } = self {
+            let _ = canvas
+                .remove_event_listener_with_callback("webglcontextlost", listener.as_ref().unchecked_ref());
+        }
+    }
+}
+
+/// A canvas and the `webglcontextlost` listener devalloc put on it (removed on drop).
+#[cfg(feature = "webgl")]
+type Listening = (web_sys::EventTarget, Closure<dyn FnMut(web_sys::Event)>);
+
+/// The message of a lost WebGL2 context.
+#[cfg(feature = "webgl")]
+const CONTEXT_LOST: &str = "the browser lost the WebGL2 context";
+
+/// The WebGL2 context wgpu's GL backend draws with on `device`.
+#[cfg(feature = "webgl")]
+#[allow(unsafe_code)]
+fn webgl2_context(device: &wgpu::Device) -> Option<web_sys::WebGl2RenderingContext> {
+    // SAFETY: only the context's JS handle is cloned out of the hal device, and the guard is
+    // dropped at once: nothing is called on the hal device, so none of wgpu-hal's rules can be
+    // broken.
+    let hal = unsafe { device.as_hal::<wgpu::hal::api::Gles>() }?;
+    Some(hal.context().webgl2_context.clone())
+}
+
+/// The address of `device`'s hal device where wgpu-core runs it (WebGL2), else `None`.
+#[allow(unsafe_code)]
+fn hal_address(device: &wgpu::Device) -> Option<usize> {
+    #[cfg(feature = "webgl")]
+    {
+        // SAFETY: only the address of the hal device is taken; nothing is called on it and the
+        // guard is dropped at once.
+        let hal = unsafe { device.as_hal::<wgpu::hal::api::Gles>() }?;
+        Some(std::ptr::from_ref::<wgpu::hal::gles::Device>(&hal) as usize)
+    }
+    #[cfg(not(feature = "webgl"))]
+    {
+        let _ = device;
+        None
+    }
+}
+
+/// A `webglcontextlost` listener on the canvas of `gl` that records the loss in `record`.
+#[cfg(feature = "webgl")]
+fn listen_for_loss(gl: &web_sys::WebGl2RenderingContext, record: Weak<LostRecord>) -> Option<Listening> {
+    let canvas: web_sys::EventTarget = gl.canvas()?.dyn_into().ok()?;
+    let listener = Closure::<dyn FnMut(web_sys::Event)>::new(move |_| {
+        if let Some(record) = record.upgrade() {
+            record.mark(Some(wgpu::DeviceLostReason::Unknown), CONTEXT_LOST);
+        }
+    });
+    canvas.add_event_listener_with_callback("webglcontextlost", listener.as_ref().unchecked_ref()).ok()?;
+    Some((canvas, listener))
 }
 
 /// Lets the browser run its event loop once: a task posted through a `MessageChannel`, which
