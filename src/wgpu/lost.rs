@@ -90,7 +90,6 @@ impl Loss {
         if self.record.lost.load(Ordering::Acquire) {
             return true;
         }
-        #[cfg(web)]
         if let Some((reason, message)) = Current::taken_away(self.record.serial) {
             self.record.mark(Some(reason), message);
             return true;

@@ -1,5 +1,5 @@
 //! Everything in the wgpu backend that differs between native and the browser, behind one
-//! seam: the [`Platform`] trait, which [`Native`] and `Web` implement and the compiler checks
+//! seam: the [`Platform`] trait, which `Native` and `Web` implement and the compiler checks
 //! on each target; the rest of the backend names only [`Current`]. Backend tuning (chunk
 //! sizes, which uploads take the queue's staging) is not the platform's: see `options.rs`.
 //!
@@ -99,6 +99,11 @@ pub(crate) trait Platform {
     /// Whether wgpu-core runs the device here (it then refuses work on a device that is no
     /// longer valid at once, without reporting it to any error handler).
     fn wgpu_core_inside(info: &wgpu::AdapterInfo) -> bool;
+
+    /// Whether the platform took the device of lost record `serial` away without wgpu knowing
+    /// yet (the browser: `GPUDevice.destroy()`, a lost WebGL2 context): the reason and message
+    /// to record, else `None`.
+    fn taken_away(serial: u64) -> Option<(wgpu::DeviceLostReason, &'static str)>;
 }
 
 /// A call that on native waits for the GPU, and so in the browser must be made async.

@@ -200,13 +200,9 @@ impl Platform for Web {
     fn wgpu_core_inside(info: &wgpu::AdapterInfo) -> bool {
         info.backend == wgpu::Backend::Gl
     }
-}
 
-impl Web {
-    /// Whether the browser has taken the device of the lost record `serial` away without wgpu
-    /// knowing yet (see the module docs): the reason and message to record, else `None`.
-    /// Cheap: a JS property read.
-    pub(crate) fn taken_away(serial: u64) -> Option<(wgpu::DeviceLostReason, &'static str)> {
+    /// The device's watch (see the module docs). Cheap: a JS property read.
+    fn taken_away(serial: u64) -> Option<(wgpu::DeviceLostReason, &'static str)> {
         RECORDS.with_borrow(|t| t.iter().find(|e| e.serial == serial).and_then(|e| e.watch.gone()))
     }
 }

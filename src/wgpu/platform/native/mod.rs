@@ -122,6 +122,11 @@ impl Platform for Native {
     fn wgpu_core_inside(_info: &wgpu::AdapterInfo) -> bool {
         true
     }
+
+    /// Natively wgpu hears of every loss itself (from a poll).
+    fn taken_away(_serial: u64) -> Option<(wgpu::DeviceLostReason, &'static str)> {
+        None
+    }
 }
 
 /// Which device an entry is for. wgpu compares devices by an id that is unique only within
