@@ -12,8 +12,9 @@
 //! has no other room is quarantine lifted: from the region whose latest free is the oldest,
 //! and only as many bytes as the request needs, from its low end (where, with a forward
 //! cursor, the earliest allocations lay). A request that could not fit even with every
-//! quarantine lifted fails without lifting any. Neighbouring freed ranges merge, so the
-//! quarantine holds at most about one entry per live allocation.
+//! quarantine lifted fails without lifting any, and one whose device allocation then fails puts
+//! back what it lifted. Neighbouring freed ranges merge, so the quarantine holds at most about
+//! one entry per live allocation.
 //!
 //! Pools of one device with the full-size window and the same quarantine share one window
 //! (see [`AddressWindow::shared`]): two allocators on one device (two pools of `vulkan:0`,
@@ -66,6 +67,15 @@ pub(crate) struct Span {
     pub base: u64,
     lo: u64,
     hi: u64,
+}
+
+/// A span just reserved, with the quarantined pieces lifted to make room for it (put back
+/// by [`AddressWindow::unreserve`] if the allocation then fails: a failed call changes nothing).
+#[derive(Debug)]
+pub(crate) struct Reservation {
+    /// The span reserved.
+    pub span: Span,
+    lifted: Vec<(u64, u64, u64)>,
 }
 
 /// Why a reservation failed.
@@ -133,7 +143,7 @@ impl AddressWindow {
     }
 
     /// Reserves addresses for `size` bytes aligned to `alignment`.
-    pub fn reserve(&mut self, size: u64, alignment: u64) -> Result<Span, Refused> {
+    pub fn reserve(&mut self, size: u64, alignment: u64) -> Result<Reservation, Refused> {
         // The largest size whose span (rounded to the guard, plus the guard) fits an empty window.
         let max = self.end - self.start - GUARD;
         let need = round_up(size, GUARD).and_then(|n| n.checked_add(GUARD));
@@ -144,16 +154,18 @@ impl AddressWindow {
             _ => return Err(Refused::NeverFits { max }),
         };
         if let Some(span) = self.next_fit(need, alignment, true) {
-            return Ok(self.take(span));
+            return Ok(Reservation { span: self.take(span), lifted: Vec::new() });
         }
         // No room outside quarantine. Would there be any with all of it lifted? If not, fail
         // without lifting any: a refused request changes nothing.
         if self.next_fit(need, alignment, false).is_none() {
             return Err(Refused::Full);
         }
-        while self.lift_oldest_quarantine(need + alignment) {
+        let mut lifted = Vec::new();
+        while let Some(piece) = self.lift_oldest_quarantine(need + alignment) {
+            lifted.push(piece);
             if let Some(span) = self.next_fit(need, alignment, true) {
-                return Ok(self.take(span));
+                return Ok(Reservation { span: self.take(span), lifted });
             }
         }
         Err(Refused::Full)
@@ -212,21 +224,30 @@ impl AddressWindow {
     }
 
     /// Lifts the quarantine of up to `bytes` at the low end of the region whose latest free
-    /// is the oldest; false when nothing is quarantined.
-    fn lift_oldest_quarantine(&mut self, bytes: u64) -> bool {
+    /// is the oldest: the piece lifted (`lo, hi, seq`), or `None` when nothing is quarantined.
+    fn lift_oldest_quarantine(&mut self, bytes: u64) -> Option<(u64, u64, u64)> {
         let oldest = self.quarantine.iter().min_by_key(|(_, &(_, seq))| seq).map(|(&lo, &v)| (lo, v));
-        let Some((lo, (hi, seq))) = oldest else { return false };
+        let (lo, (hi, seq)) = oldest?;
         self.quarantine.remove(&lo);
         let cut = lo.saturating_add(bytes);
         if cut < hi {
             self.quarantine.insert(cut, (hi, seq));
         }
-        true
+        Some((lo, cut.min(hi), seq))
     }
 
-    /// Gives back a span that was never handed out (its allocation failed): no quarantine.
-    pub fn unreserve(&mut self, span: Span) {
-        self.live.remove(&span.lo);
+    /// Gives back a span that was never handed out (its allocation failed): no quarantine of
+    /// its own, and the quarantine lifted for it is put back where no live span took it since.
+    pub fn unreserve(&mut self, reservation: Reservation) {
+        self.live.remove(&reservation.span.lo);
+        for (lo, hi, seq) in reservation.lifted.into_iter().rev() {
+            let overlaps = |m: Option<u64>| m.is_some_and(|m_hi| m_hi > lo);
+            let live = self.live.range(..hi).next_back().map(|(_, &l_hi)| l_hi);
+            let quarantined = self.quarantine.range(..hi).next_back().map(|(_, &(q_hi, _))| q_hi);
+            if !overlaps(live) && !overlaps(quarantined) {
+                self.quarantine.insert(lo, (hi, seq));
+            }
+        }
     }
 
     /// Frees a span: it goes into quarantine, merged with freed neighbours.
@@ -263,155 +284,5 @@ impl AddressWindow {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::device::DeviceType;
-
-    fn small(quarantine: u64) -> AddressWindow {
-        let mut w = AddressWindow::new(Device::new(DeviceType::Cpu, 0), 1 << 20, quarantine);
-        w.cursor = w.start; // the lane of a window made by a test is wherever the count stands
-        w
-    }
-
-    #[test]
-    fn devices_and_types_never_share_addresses() {
-        let mut seen = Vec::new();
-        for ty in [DeviceType::Cpu, DeviceType::Vulkan, DeviceType::WebGpu] {
-            for index in [0, 1, 255] {
-                let mut w = AddressWindow::new(Device::new(ty, index), 1 << MAX_WINDOW_BITS, 1 << 32);
-                let s = w.reserve(1 << 40, 256).unwrap();
-                seen.push((s.base, s.hi));
-            }
-        }
-        seen.sort();
-        assert!(seen.windows(2).all(|w| w[0].1 <= w[1].0), "{seen:x?}");
-    }
-
-    #[test]
-    fn addresses_are_aligned_and_do_not_overlap_with_a_guard() {
-        let mut w = small(1 << 32);
-        let a = w.reserve(100, 256).unwrap();
-        let b = w.reserve(1, 4096).unwrap();
-        assert_eq!(b.base % 4096, 0);
-        assert!(b.base > a.base + 100, "one past the end of a is not in b");
-        let e = w.reserve(1 << 20, 256).unwrap_err();
-        assert!(matches!(e, Refused::NeverFits { .. }));
-        assert!(matches!(w.reserve(8, 1 << 20), Err(Refused::NeverFits { .. })), "alignment past the window");
-    }
-
-    #[test]
-    fn freed_ranges_are_not_reused_while_there_is_other_room() {
-        // 1 MiB window, 4 KiB allocations: each takes 4 KiB + 256 of addresses.
-        let mut w = small(1 << 32);
-        let mut freed = Vec::new();
-        for _ in 0..200 {
-            let s = w.reserve(4096, 256).unwrap();
-            assert!(!freed.contains(&s.base), "{:#x} handed out again too soon", s.base);
-            w.release(s);
-            assert!(w.was_freed(s.base) && w.was_freed(s.base + 4096));
-            freed.push(s.base);
-        }
-        // Everything freed so far merged into one quarantine entry.
-        assert!(w.quarantined() <= 2, "{}", w.quarantined());
-    }
-
-    #[test]
-    fn when_the_window_is_full_the_least_recently_freed_goes_first() {
-        let mut w = small(1 << 32);
-        let per = 4096 + 256;
-        let fit = ((1 << 20) - 2 * FIRST) / per;
-        let mut order = Vec::new();
-        for _ in 0..fit {
-            let s = w.reserve(4096, 256).unwrap();
-            order.push(s);
-        }
-        // Free them in a shuffled order; the next reservation must take the first freed.
-        let shuffled: Vec<Span> = order.iter().rev().step_by(3).copied().collect();
-        for s in &shuffled {
-            w.release(*s);
-        }
-        let again = w.reserve(4096, 256).unwrap();
-        assert_eq!(again.lo, shuffled[0].lo, "reused something other than the least recently freed");
-        assert!(!w.was_freed(again.base));
-        assert!(w.was_freed(shuffled[1].base), "the others stay quarantined");
-    }
-
-    #[test]
-    fn quarantine_ends_after_its_count_of_frees() {
-        let mut w = small(3);
-        let a = w.reserve(64, 256).unwrap();
-        let _spacer = w.reserve(64, 256).unwrap(); // keeps later frees from merging with a
-        w.release(a);
-        for _ in 0..2 {
-            let s = w.reserve(64, 256).unwrap();
-            w.release(s);
-        }
-        assert!(w.was_freed(a.base));
-        let s = w.reserve(64, 256).unwrap();
-        w.release(s);
-        assert!(!w.was_freed(a.base), "3 frees later the quarantine of a has ended");
-    }
-
-    #[test]
-    fn a_window_of_live_allocations_is_full() {
-        let mut w = small(1 << 32);
-        let mut n = 0;
-        while w.reserve(60_000, 256).is_ok() {
-            n += 1;
-        }
-        assert_eq!(n, ((1 << 20) - 2 * FIRST) / (60_000u64.next_multiple_of(256) + 256));
-        assert_eq!(w.reserve(60_000, 256), Err(Refused::Full));
-    }
-
-    #[test]
-    fn a_request_that_cannot_fit_aligned_never_fits_and_lifts_nothing() {
-        let mut w = AddressWindow::new(Device::new(DeviceType::Cpu, 0), 1 << 17, 1 << 32);
-        let a = w.reserve(4096, 256).unwrap();
-        w.release(a);
-        // 64 KiB aligned to 64 KiB: the first such address leaves no room in a 128 KiB window.
-        assert!(matches!(w.reserve(65536, 65536), Err(Refused::NeverFits { .. })));
-        assert!(w.was_freed(a.base), "a refused request lifted the quarantine");
-    }
-
-    #[test]
-    fn a_full_window_of_live_spans_lifts_no_quarantine() {
-        let mut w = small(1 << 32);
-        let a = w.reserve(4096, 256).unwrap();
-        w.release(a);
-        while w.reserve(60_000, 256).is_ok() {}
-        assert!(w.was_freed(a.base) || w.live.contains_key(&a.lo), "a refused request lifted the quarantine");
-    }
-
-    #[test]
-    fn recent_frees_stay_freed_when_the_window_wraps() {
-        // Alloc/free one size over and over: frees merge into one region; when the cursor
-        // wraps, only what the next request needs is lifted, from the oldest end.
-        let mut w = small(1 << 32);
-        let mut recent = Vec::new();
-        for _ in 0..1000 {
-            let s = w.reserve(4096, 256).unwrap();
-            w.release(s);
-            recent.push(s.base);
-            for &b in recent.iter().rev().take(8) {
-                assert!(w.was_freed(b) || b == s.base, "{b:#x}, one of the last 8 frees, is no longer freed");
-            }
-        }
-    }
-
-    #[test]
-    fn two_windows_of_one_device_hand_out_different_addresses() {
-        let d = Device::new(DeviceType::Vulkan, 0);
-        let mut a = AddressWindow::new(d, 1 << MAX_WINDOW_BITS, 1 << 32);
-        let mut b = AddressWindow::new(d, 1 << MAX_WINDOW_BITS, 1 << 32);
-        let (x, y) = (a.reserve(4096, 256).unwrap(), b.reserve(4096, 256).unwrap());
-        assert!(x.hi <= y.lo || y.hi <= x.lo, "{:#x} and {:#x} overlap", x.base, y.base);
-    }
-
-    #[test]
-    fn unreserved_spans_are_not_quarantined() {
-        let mut w = small(1 << 32);
-        let a = w.reserve(64, 256).unwrap();
-        w.unreserve(a);
-        assert!(!w.was_freed(a.base));
-    }
-}
+#[path = "address_tests.rs"]
+mod tests;

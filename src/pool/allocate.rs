@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::address::{Refused, Span};
+use super::address::{Refused, Reservation, Span};
 use super::cache::{Cached, Key};
 use super::{lock, Live, Pool, PoolOptions, Prepared, Source};
 use crate::allocator::DEFAULT_ALIGNMENT;
@@ -46,7 +46,8 @@ impl<S: Storage> Pool<S> {
         self.storage.check_usable()?;
         let config = lock(&self.config).clone();
         let mut plan = self.prepare(nbytes, alignment, params, &config)?;
-        let (source, span) = self.claim(&mut plan, &config)?;
+        let (source, reservation) = self.claim(&mut plan, &config)?;
+        let span = reservation.as_ref().map(|r| r.span);
         let (cached, fresh) = match source {
             Source::Cached(cached) => (cached, false),
             Source::Fresh(id) => match self.alloc_block(&mut plan, id) {
@@ -60,8 +61,8 @@ impl<S: Storage> Pool<S> {
                 Err(e) => {
                     let mut state = lock(&self.state);
                     state.pending -= plan.key.capacity;
-                    if let (Some(w), Some(span)) = (state.window.as_ref(), span) {
-                        lock(w).unreserve(span);
+                    if let (Some(w), Some(reservation)) = (state.window.as_ref(), reservation) {
+                        lock(w).unreserve(reservation);
                     }
                     return Err(e);
                 }
@@ -118,7 +119,7 @@ impl<S: Storage> Pool<S> {
         &self,
         plan: &mut Prepared<S::Params>,
         config: &PoolOptions,
-    ) -> Result<(Source<S::Block>, Option<Span>)> {
+    ) -> Result<(Source<S::Block>, Option<Reservation>)> {
         let mut state = lock(&self.state);
         let cached = if config.caching && config.reuse_freed {
             // Best fit: from the exact size up to a quarter past the size class.
@@ -140,9 +141,9 @@ impl<S: Storage> Pool<S> {
             }
         }
         let reserved = state.window.as_ref().map(|w| lock(w).reserve(plan.size, plan.alignment));
-        let span = match reserved {
+        let reservation = match reserved {
             None => None,
-            Some(Ok(span)) => Some(span),
+            Some(Ok(reservation)) => Some(reservation),
             Some(Err(refused)) => {
                 if let Some((key, block)) = cached {
                     state.cache.put(key, block);
@@ -164,7 +165,7 @@ impl<S: Storage> Pool<S> {
         if let Some((key, block)) = cached {
             state.stats.cached_bytes -= key.capacity;
             plan.key = key;
-            return Ok((Source::Cached(block), span));
+            return Ok((Source::Cached(block), reservation));
         }
         let capacity = plan.key.capacity;
         let mut evicted = Vec::new();
@@ -183,7 +184,7 @@ impl<S: Storage> Pool<S> {
         let id = state.blocks_made;
         drop(state);
         drop(evicted);
-        Ok((Source::Fresh(id), span))
+        Ok((Source::Fresh(id), reservation))
     }
 
     /// Step 3 (fresh blocks only), without the lock: asks the device for block `id`, and on
