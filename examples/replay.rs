@@ -83,7 +83,7 @@ fn run<T: devalloc::backend::Pooled>(
     let lb = trace.lower_bound();
     let a = make()?;
     a.pooled().set_memory_limit(args.limit, 0)?;
-    let r = replay(&a, 0, trace)?;
+    let r = replay(&a, trace, 0)?;
     let ratio = |v: u64| if lb == 0 { 0.0 } else { v as f64 / lb as f64 };
     println!("\n{name} on {} ({} events, lower bound {lb} bytes)", args.backend, trace.events.len());
     if trace.orphan_frees > 0 {
@@ -113,7 +113,7 @@ fn run<T: devalloc::backend::Pooled>(
         args.backend, r.peak_live, r.peak_reserved, r.device_allocations
     );
     if args.find_limit {
-        match find_min_limit(&make, 0, trace)? {
+        match find_min_limit(&make, trace, 0)? {
             Some(min) => {
                 println!("  smallest limit {:>12}  {:.3}x", min, ratio(min));
                 line += &format!(" min_limit={min} ratio={:.3}", ratio(min));

@@ -89,22 +89,23 @@ impl Trace {
         trace
     }
 
-    /// The most bytes live at once.
+    /// The most bytes live at once (`u64::MAX` if that does not fit in 64 bits).
     pub fn lower_bound(&self) -> u64 {
         let mut sizes = HashMap::new();
-        let (mut live, mut peak) = (0u64, 0u64);
+        let (mut live, mut peak) = (0u128, 0u128);
         for (_, e) in &self.events {
             match e {
                 TraceEvent::Alloc { id, size, .. } => {
-                    sizes.insert(*id, *size);
-                    live = live.saturating_add(*size);
+                    // An id allocated again replaces what it held.
+                    live -= sizes.insert(*id, u128::from(*size)).unwrap_or(0);
+                    live += u128::from(*size);
                     peak = peak.max(live);
                 }
                 TraceEvent::Free { id } => live -= sizes.remove(id).unwrap_or(0),
                 TraceEvent::EmptyCache => {}
             }
         }
-        peak
+        u64::try_from(peak).unwrap_or(u64::MAX)
     }
 }
 
@@ -141,15 +142,44 @@ pub struct ReplayReport {
 
 /// Replays `trace` on device `index` of `alloc` (a fresh allocator, or one whose stats count
 /// from zero: the report reads them), under whatever memory limit it has. Stops at the first
-/// failure, which it reports; every allocation it made is freed before it returns.
-pub fn replay<T: Pooled>(alloc: &T, index: DeviceIndex, trace: &Trace) -> Result<ReplayReport> {
-    let pool = alloc.pooled().pool(index)?;
+/// failure, which it reports; every allocation it made is freed before it returns, on every
+/// path. A trace that allocates an id that is still live is an [`Error::InvalidArgument`].
+pub fn replay<T: Pooled>(alloc: &T, trace: &Trace, index: DeviceIndex) -> Result<ReplayReport> {
     let mut ptrs: HashMap<u64, DevicePtr> = HashMap::new();
+    let run = replay_events(alloc, trace, index, &mut ptrs);
+    // Whatever happened, what the replay allocated goes back.
+    let mut freed = Ok(());
+    for (_, p) in ptrs {
+        if let Err(e) = alloc.deallocate(p, index) {
+            freed = freed.and(Err(e));
+        }
+    }
+    let mut report = run?;
+    freed?;
+    let s = alloc.pooled().pool(index)?.stats();
+    report.device_allocations = s.cache_misses;
+    report.cache_hits = s.cache_hits;
+    Ok(report)
+}
+
+/// The events of [`replay`], leaving what is live in `ptrs`.
+fn replay_events<T: Pooled>(
+    alloc: &T,
+    trace: &Trace,
+    index: DeviceIndex,
+    ptrs: &mut HashMap<u64, DevicePtr>,
+) -> Result<ReplayReport> {
+    let pool = alloc.pooled().pool(index)?;
     let mut report = ReplayReport::default();
     let mut misses = pool.stats().cache_misses;
     for (n, (step, e)) in trace.events.iter().enumerate() {
         match e {
             TraceEvent::Alloc { id, size, label } => {
+                if ptrs.contains_key(id) {
+                    return Err(Error::invalid_argument(format!(
+                        "the trace allocates id {id} again at step {step} (event {n}) while it is live"
+                    )));
+                }
                 let nbytes =
                     usize::try_from(*size).map_err(|_| Error::invalid_argument("a size past usize"))?;
                 let made = match label {
@@ -189,12 +219,6 @@ pub fn replay<T: Pooled>(alloc: &T, index: DeviceIndex, trace: &Trace) -> Result
             }
         }
     }
-    for (_, p) in ptrs {
-        alloc.deallocate(p, index)?;
-    }
-    let s = pool.stats();
-    report.device_allocations = s.cache_misses;
-    report.cache_hits = s.cache_hits;
     Ok(report)
 }
 
@@ -204,17 +228,17 @@ pub fn replay<T: Pooled>(alloc: &T, index: DeviceIndex, trace: &Trace) -> Result
 /// unlimited replay fails.
 pub fn find_min_limit<T: Pooled>(
     mut make: impl FnMut() -> Result<T>,
-    index: DeviceIndex,
     trace: &Trace,
+    index: DeviceIndex,
 ) -> Result<Option<u64>> {
-    let free_run = replay(&make()?, index, trace)?;
+    let free_run = replay(&make()?, trace, index)?;
     if free_run.failure.is_some() {
         return Ok(None);
     }
     let fits = |limit: u64, make: &mut dyn FnMut() -> Result<T>| -> Result<bool> {
         let a = make()?;
         a.pooled().set_memory_limit(Some(limit), index)?;
-        Ok(replay(&a, index, trace)?.failure.is_none())
+        Ok(replay(&a, trace, index)?.failure.is_none())
     };
     let (mut lo, mut hi) = (trace.lower_bound().saturating_sub(1), free_run.peak_reserved.max(1));
     if !fits(hi, &mut make)? {
@@ -266,19 +290,36 @@ mod tests {
         }
         let trace = Trace::from_tensors(&tensors, None);
         assert_eq!(trace.lower_bound(), 4000);
-        let r = replay(&cached().unwrap(), 0, &trace).unwrap();
+        let r = replay(&cached().unwrap(), &trace, 0).unwrap();
         assert!(r.failure.is_none());
         assert_eq!((r.peak_live, r.device_allocations, r.cache_hits), (4000, 2, 4));
         assert_eq!(r.steady_after, Some(1));
-        let limit = find_min_limit(cached, 0, &trace).unwrap().unwrap();
+        let limit = find_min_limit(cached, &trace, 0).unwrap().unwrap();
         assert!((4000..=4000 + 256).contains(&limit), "{limit}");
         // Under a limit below the lower bound the replay stops, and says where.
         let a = cached().unwrap();
         a.set_memory_limit(Some(3500), 0).unwrap();
-        let r = replay(&a, 0, &trace).unwrap();
+        let r = replay(&a, &trace, 0).unwrap();
         let f = r.failure.expect("fails");
         assert!(matches!(f.error, Error::OutOfMemory { .. }), "{:?}", f.error);
         assert_eq!(f.step, 1);
         assert_eq!(a.stats(0).unwrap().live_allocations, 0, "the replay freed what it made");
+    }
+
+    #[test]
+    fn a_trace_that_allocates_a_live_id_again_is_refused_and_leaves_nothing_behind() {
+        let alloc = |id, size| (0, TraceEvent::Alloc { id, size, label: None });
+        let trace = Trace {
+            events: vec![alloc(1, 1000), alloc(1, 2000), (1, TraceEvent::Free { id: 1 })],
+            orphan_frees: 0,
+        };
+        let a = cached().unwrap();
+        let e = replay(&a, &trace, 0).unwrap_err();
+        assert!(e.to_string().contains("allocates id 1 again"), "{e}");
+        assert_eq!(a.stats(0).unwrap().live_allocations, 0);
+        // And a lower bound past 64 bits saturates instead of wrapping.
+        let huge =
+            [TensorLife { size: u64::MAX, first: 0, last: 1 }, TensorLife { size: 10, first: 1, last: 2 }];
+        assert_eq!(Trace::from_tensors(&huge, None).lower_bound(), u64::MAX);
     }
 }

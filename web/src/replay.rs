@@ -69,7 +69,7 @@ pub fn replay_snapshot(json: &str, device: JsValue, limit: JsValue) -> Result<Js
     let host =
         HostAllocator::with_options(PoolOptions { caching: true, ..PoolOptions::default() }).map_err(js)?;
     host.set_memory_limit(limit, 0).map_err(js)?;
-    let report = replay(&host, 0, &trace).map_err(js)?;
+    let report = replay(&host, &trace, 0).map_err(js)?;
     let failure = report.failure.map(|f| {
         let (size, label) = match trace.events.get(f.event) {
             Some((_, devalloc::replay::TraceEvent::Alloc { size, label, .. })) => {
