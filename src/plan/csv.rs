@@ -23,6 +23,8 @@ impl Instance {
     /// past 64 bits) is an [`Error::InvalidArgument`] that names the file and the line.
     pub fn from_csv(name: &str, text: &str) -> Result<Instance> {
         let bad = |line: usize, why: String| Error::invalid_argument(format!("{name}:{line}: {why}"));
+        // A spreadsheet may start the file with a byte-order mark.
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         let mut lines =
             text.lines().enumerate().map(|(i, l)| (i + 1, l.trim())).filter(|(_, l)| !l.is_empty());
         let Some((hline, header)) = lines.next() else {
@@ -98,7 +100,12 @@ mod tests {
         assert_eq!(inst.ids, ["0", "7"]);
         assert_eq!(inst.tensors[0], TensorLife { size: 100, first: 0, last: 3 });
         assert_eq!(inst.to_csv(&[0, 100]), "id,lower,upper,size,offset\n0,0,4,100,0\n7,2,3,5,100\n");
-        // Columns in another order, and an offset column, are fine.
+        // A byte-order mark, Windows line ends, columns in another order and an offset column
+        // are fine.
+        assert_eq!(
+            Instance::from_csv("b.csv", "\u{feff}id,lower,upper,size\r\n0,0,4,100\r\n").unwrap(),
+            Instance { ids: vec!["0".into()], tensors: vec![TensorLife { size: 100, first: 0, last: 3 }] }
+        );
         let other = Instance::from_csv("u.csv", "size,upper,lower,id,offset\n8,9,1,a,0\n").unwrap();
         assert_eq!(other.tensors[0], TensorLife { size: 8, first: 1, last: 8 });
     }
