@@ -150,7 +150,7 @@ fn round_trip(
         return Err(devalloc::Error::invalid_argument("ragged sub-range round trip differs"));
     }
     // A memory plan: two planned buffers, tensors at offsets.
-    let plan = devalloc::PlannedMemory::new(alloc, index, &[1 << 20, 256 << 10])?;
+    let plan = devalloc::PlannedMemory::new(alloc, &[1 << 20, 256 << 10], index)?;
     let tensor = plan.get_offset_address(0, 4096, 16)?;
     alloc.copy_host_to_device(tensor, &[42u8; 16], index)?;
     let mut t16 = [0u8; 16];
@@ -174,7 +174,7 @@ fn workload(alloc: &'static dyn DeviceAllocator, index: DeviceIndex) -> devalloc
     let weights: Vec<DevicePtr> = (0..layers)
         .map(|l| alloc.allocate_labeled((3 << 20) >> l, index, DEFAULT_ALIGNMENT, &format!("w.layer{l}")))
         .collect::<devalloc::Result<_>>()?;
-    let plan = devalloc::PlannedMemory::new(alloc, index, &[512 << 10, 128 << 10])?;
+    let plan = devalloc::PlannedMemory::new(alloc, &[512 << 10, 128 << 10], index)?;
     let (mut peak_live, mut steady_reserved) = (0u64, 0u64);
     let mut line = format!("{device}: workload, per step (live / reserved, device allocations):");
     for step in 0..6 {

@@ -155,8 +155,23 @@ pub trait DeviceAllocator: WasmNotSendSync {
         Device::new(self.device_type(), index).to_string()
     }
 
+    /// Allocates a planned buffer that the caller keeps (as [`crate::PlannedMemory`] does): an
+    /// allocation like any other, freed with `deallocate`, that histories and snapshots show as
+    /// planned buffer `memory_id`. Default: [`DeviceAllocator::allocate_labeled`] with the label
+    /// `planned buffer <memory_id>`.
+    fn allocate_planned(
+        &self,
+        memory_id: u32,
+        nbytes: usize,
+        index: DeviceIndex,
+        alignment: usize,
+    ) -> Result<DevicePtr> {
+        self.allocate_labeled(nbytes, index, alignment, &format!("planned buffer {memory_id}"))
+    }
+
     /// Allocates the buffer of memory id `memory_id` of a memory plan, `nbytes` long, on device
-    /// `index`: the seed's `init_buffer`. Default: [`Error::NotSupported`].
+    /// `index`, which the allocator keeps: the seed's `init_buffer`. Default:
+    /// [`Error::NotSupported`].
     fn init_buffer(&self, memory_id: u32, nbytes: usize, index: DeviceIndex) -> Result<DevicePtr> {
         let _ = (memory_id, nbytes, index);
         Err(not_implemented(self.device_type(), "init_buffer"))

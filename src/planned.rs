@@ -179,7 +179,7 @@ impl PlanLayout {
 /// # use devalloc::{HostAllocator, PlannedMemory};
 /// let host = HostAllocator::new();
 /// // Memory id 0 is unused by this plan, id 1 needs 4 KiB, id 2 needs 64 bytes.
-/// let plan = PlannedMemory::new(&host, 0, &[0, 4096, 64])?;
+/// let plan = PlannedMemory::new(&host, &[0, 4096, 64], 0)?;
 /// let tensor = plan.get_offset_address(1, 1024, 512)?; // 512 bytes at offset 1 KiB
 /// assert!(plan.get_offset_address(2, 32, 64).is_err()); // runs past the planned buffer
 /// # Ok::<(), devalloc::Error>(())
@@ -197,7 +197,17 @@ impl<'a> PlannedMemory<'a> {
     /// Sizes and the index are checked before anything is allocated; if the device fails
     /// half-way (out of memory), the buffers already made are freed (the allocator's counters
     /// then show those allocations and frees).
-    pub fn new(allocator: &'a dyn DeviceAllocator, index: DeviceIndex, sizes: &[usize]) -> Result<Self> {
+    pub fn new(allocator: &'a dyn DeviceAllocator, sizes: &[usize], index: DeviceIndex) -> Result<Self> {
+        Self::aligned(allocator, sizes, index, DEFAULT_ALIGNMENT)
+    }
+
+    /// [`PlannedMemory::new`] with every buffer aligned to `alignment` (a power of two).
+    fn aligned(
+        allocator: &'a dyn DeviceAllocator,
+        sizes: &[usize],
+        index: DeviceIndex,
+        alignment: usize,
+    ) -> Result<Self> {
         let mut plan = PlannedMemory { allocator, index, table: PlanTable::new() };
         let device = plan.device();
         // What can be refused without asking the device is refused before anything is
@@ -205,31 +215,34 @@ impl<'a> PlannedMemory<'a> {
         crate::checks::check_index(device.device_type, index, allocator.device_count())?;
         u32::try_from(sizes.len()).map_err(|_| Error::invalid_argument("more than 2^32 memory ids"))?;
         for &size in sizes.iter().filter(|&&s| s > 0) {
-            crate::checks::check_request(size, DEFAULT_ALIGNMENT, device)?;
+            crate::checks::check_request(size, alignment, device)?;
         }
         for (id, &size) in sizes.iter().enumerate() {
             let id = u32::try_from(id).map_err(|_| Error::invalid_argument("more than 2^32 memory ids"))?;
             let base = if size == 0 {
                 DevicePtr::NULL
             } else {
-                allocator.allocate(size, index, DEFAULT_ALIGNMENT)?
+                allocator.allocate_planned(id, size, index, alignment)?
             };
             plan.table.insert(device, id, base, size as u64)?;
         }
         Ok(plan)
     }
 
-    /// One planned buffer (memory id 0) as large as `plan` says, for the tensors it placed;
+    /// One planned buffer (memory id 0) as large as `plan` says, aligned to at least the plan's
+    /// alignment (so every tensor's address keeps it), for the tensors it placed;
     /// [`PlannedMemory::tensor`] gives each one's address.
     pub fn from_plan(
         allocator: &'a dyn DeviceAllocator,
-        index: DeviceIndex,
         plan: &crate::plan::MemoryPlan,
+        index: DeviceIndex,
     ) -> Result<Self> {
-        let size = usize::try_from(plan.size()).map_err(|_| {
-            Error::invalid_argument(format!("a plan of {} bytes does not fit in usize", plan.size()))
-        })?;
-        Self::new(allocator, index, &[size])
+        let big = |what: &str, v: u64| {
+            usize::try_from(v)
+                .map_err(|_| Error::invalid_argument(format!("a plan's {what} of {v} does not fit in usize")))
+        };
+        let alignment = big("alignment", plan.alignment())?.max(DEFAULT_ALIGNMENT);
+        Self::aligned(allocator, &[big("size", plan.size())?], index, alignment)
     }
 
     /// The address of tensor `i` of `plan` in memory id 0 (the plan this memory was made for
@@ -237,7 +250,7 @@ impl<'a> PlannedMemory<'a> {
     /// size like any offset).
     pub fn tensor(&self, plan: &crate::plan::MemoryPlan, i: usize) -> Result<DevicePtr> {
         let (offset, size) = plan.tensor(i).ok_or_else(|| {
-            Error::invalid_argument(format!("the plan has {} tensors, not {}", plan.len(), i + 1))
+            Error::invalid_argument(format!("no tensor {i}: the plan has {} tensors", plan.len()))
         })?;
         let big = |v: u64| usize::try_from(v).map_err(|_| Error::invalid_argument("an offset past usize"));
         self.get_offset_address(0, big(offset)?, big(size)?)

@@ -271,6 +271,16 @@ impl<T: Pooled> DeviceAllocator for T {
         }
     }
 
+    fn allocate_planned(
+        &self,
+        memory_id: u32,
+        nbytes: usize,
+        index: DeviceIndex,
+        alignment: usize,
+    ) -> Result<DevicePtr> {
+        self.pooled().pool(index)?.allocate_planned(memory_id, nbytes, alignment)
+    }
+
     fn init_buffer(&self, memory_id: u32, nbytes: usize, index: DeviceIndex) -> Result<DevicePtr> {
         self.pooled().pool(index)?.init_buffer(memory_id, nbytes)
     }

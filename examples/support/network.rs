@@ -114,7 +114,7 @@ pub async fn run(a: &WgpuAllocator, widths: &[usize], batch: usize) -> devalloc:
     // Activations: planned so that those never live at once share bytes, at bindable offsets.
     let lives = activations(batch, widths);
     let plan = plan::plan(&lives, a.binding_alignment(0)? as u64, Strategy::Fast)?;
-    let memory = PlannedMemory::from_plan(a, 0, &plan)?;
+    let memory = PlannedMemory::from_plan(a, &plan, 0)?;
     let acts: Vec<DevicePtr> =
         (0..lives.len()).map(|i| memory.tensor(&plan, i)).collect::<devalloc::Result<_>>()?;
     let x = values(batch * widths[0], 99);

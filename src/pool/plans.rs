@@ -25,6 +25,15 @@ impl<S: Storage> Pool<S> {
         Ok(base)
     }
 
+    /// Allocates a planned buffer the caller keeps (`PlannedMemory`), noted as planned buffer
+    /// `memory_id` in the history; freed with `deallocate`.
+    pub fn allocate_planned(&self, memory_id: u32, nbytes: usize, alignment: usize) -> Result<DevicePtr> {
+        let label = format!("planned buffer {memory_id}");
+        let base = self.allocate_params(nbytes, alignment, Some(&label), S::Params::default())?;
+        self.note(|| EventKind::PlannedBuffer { memory_id, addr: base.addr(), size: len64(nbytes) });
+        Ok(base)
+    }
+
     /// `buffer(memory_id) + offset`, bounds-checked for `nbytes`.
     pub fn get_offset_address(&self, memory_id: u32, offset: usize, nbytes: usize) -> Result<DevicePtr> {
         lock(&self.state).plans.offset_address(self.device, memory_id, offset, nbytes)

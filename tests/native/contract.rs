@@ -330,8 +330,8 @@ fn concurrent_inits_of_one_memory_id_allocate_once() {
 fn a_refused_plan_allocates_nothing() {
     let h = HostAllocator::new();
     let before = h.stats(0).unwrap();
-    assert!(devalloc::PlannedMemory::new(&h, 0, &[4096, 0, usize::MAX]).is_err());
-    assert!(matches!(devalloc::PlannedMemory::new(&h, 3, &[4096]), Err(Error::NoSuchDevice { .. })));
+    assert!(devalloc::PlannedMemory::new(&h, &[4096, 0, usize::MAX], 0).is_err());
+    assert!(matches!(devalloc::PlannedMemory::new(&h, &[4096], 3), Err(Error::NoSuchDevice { .. })));
     assert_eq!(h.stats(0).unwrap(), before);
 }
 

@@ -554,3 +554,19 @@ fn the_fast_mode_is_within_ten_percent_on_minimallocs_instances() {
     }
     assert_eq!(seen, 11, "MiniMalloc's 11 instances");
 }
+
+/// A plan's buffer keeps the plan's alignment: every tensor's address is a multiple of it, and a
+/// tensor the plan does not have is an error, not a panic.
+#[test]
+fn planned_memory_from_a_plan_keeps_its_alignment() {
+    let host = devalloc::HostAllocator::new();
+    let tensors = [t(100, 0, 1), t(5000, 1, 2), t(300, 2, 3)];
+    let p = plan(&tensors, 4096, Strategy::Fast).unwrap();
+    let memory = devalloc::PlannedMemory::from_plan(&host, &p, 0).unwrap();
+    for i in 0..tensors.len() {
+        let addr = memory.tensor(&p, i).unwrap().addr();
+        assert_eq!(addr % 4096, 0, "tensor {i} at {addr:#x}");
+    }
+    let e = memory.tensor(&p, usize::MAX).unwrap_err().to_string();
+    assert!(e.contains("the plan has 3 tensors"), "{e}");
+}

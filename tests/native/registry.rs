@@ -260,7 +260,7 @@ fn cache_limit_and_report() {
 fn planned_memory_owns_its_pools() {
     let a = HostAllocator::new();
     {
-        let plan = PlannedMemory::new(&a, 0, &[0, 4096, 64]).unwrap();
+        let plan = PlannedMemory::new(&a, &[0, 4096, 64], 0).unwrap();
         assert_eq!(plan.num_buffers(), 3);
         assert_eq!(a.stats(0).unwrap().live_allocations, 2, "empty ids take no memory");
         let t = plan.get_offset_address(1, 1024, 512).unwrap();
@@ -274,6 +274,28 @@ fn planned_memory_owns_its_pools() {
     let limited =
         HostAllocator::with_options(PoolOptions { memory_limit: Some(10_000), ..PoolOptions::default() })
             .unwrap();
-    assert!(PlannedMemory::new(&limited, 0, &[4096, 4096, 4096]).is_err());
+    assert!(PlannedMemory::new(&limited, &[4096, 4096, 4096], 0).is_err());
     assert_eq!(limited.stats(0).unwrap().live_allocations, 0);
+}
+
+/// A plan's buffers that `PlannedMemory` keeps show in the history as planned buffers, with
+/// their memory ids, as the allocator's own `init_buffer` ones do.
+#[test]
+fn planned_memory_buffers_are_recorded_as_planned() {
+    use devalloc::snapshot::EventKind;
+    let a = HostAllocator::new();
+    a.record_history(64).unwrap();
+    let plan = PlannedMemory::new(&a, &[4096, 0, 64], 0).unwrap();
+    let snap = a.snapshot().unwrap();
+    let events = &snap.devices[0].history.as_ref().unwrap().events;
+    let planned: Vec<u32> = events
+        .iter()
+        .filter_map(|e| match e.kind {
+            EventKind::PlannedBuffer { memory_id, .. } => Some(memory_id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(planned, [0, 2], "the empty buffer 1 allocates nothing");
+    drop(plan);
+    assert_eq!(a.stats(0).unwrap().live_allocations, 0);
 }
