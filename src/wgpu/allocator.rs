@@ -3,10 +3,11 @@
 
 use std::ops::Range;
 
+use super::mapping::MapGuard;
 use super::options::{choose_route, device_type_of, type_rank};
 use super::platform::{Current, Platform};
 use super::storage::{WgpuParams, WgpuStorage};
-use super::{direct, Route, WgpuOptions};
+use super::{Route, WgpuOptions};
 use crate::allocator::DEFAULT_ALIGNMENT;
 use crate::bounce::Mode;
 use crate::device::{Device, DeviceIndex};
@@ -33,7 +34,9 @@ pub struct BufferRequest<'a> {
     /// The buffer's usage; empty: the allocator's ([`WgpuOptions::usage`]). `COPY_SRC |
     /// COPY_DST` are always added; `MAP_READ` / `MAP_WRITE` are devalloc's to set.
     pub usage: wgpu::BufferUsages,
-    /// A label, which wgpu's own messages about the buffer show.
+    /// A label for people: devalloc's reports, snapshots, histories and out-of-memory errors name
+    /// the allocation by it. (wgpu's own messages name the buffer by its block, `devalloc block
+    /// <id> (<capacity> bytes)`, which `live_allocations` and snapshots tie to the label.)
     pub label: Option<&'a str>,
     /// Whether the memory must read as zeros (a reused buffer holds old bytes otherwise).
     pub zeroed: bool,
@@ -203,9 +206,8 @@ impl WgpuAllocator {
         Ok(self.0.pool(index)?.storage().route)
     }
 
-    /// Allocates as `request` says: usage, label (which reaches wgpu, so its messages name
-    /// the buffer), alignment, zeroing. Buffers are cached by usage and label too, so a reused
-    /// buffer never carries another allocation's label. If clearing a zeroed allocation fails
+    /// Allocates as `request` says: usage, label, alignment, zeroing. Freed buffers are cached by
+    /// usage (never by label) and reused for any label. If clearing a zeroed allocation fails
     /// (the device was lost meanwhile), the allocation is freed again before the error
     /// returns: the stats then count one allocation and one free.
     pub fn allocate_request(&self, request: &BufferRequest<'_>, index: DeviceIndex) -> Result<DevicePtr> {
@@ -282,15 +284,19 @@ impl WgpuAllocator {
             return Err(Error::invalid_argument(format!("cannot map {range:?} on {}: {why}", s.id)));
         }
         s.check_lost()?;
-        let mapped = s.map(buffer, mode, range)?;
-        // Until the map resolves, giving up (or being dropped) cancels it: a map left pending
-        // would map the app's buffer behind its back later.
-        let mut pending = direct::Unmap { gpu: s, buffer, armed: true };
+        // Until the map resolves, giving up (or being dropped) cancels it, for good: a map left
+        // pending would map the app's buffer behind its back later (see `mapping.rs`).
+        let (mut pending, mapped) = MapGuard::request(s, buffer, mode, range, true)?;
         // A buffer of another device would never map here (only that device's polls complete
         // its map): give up once this device is idle.
-        let r = s.wait(mapped, None, Mode::Async, true).await;
-        pending.armed = r.is_err();
-        r?.map_err(|e| s.backend_error("mapping a buffer", e))
+        let waited = s.wait(mapped, None, Mode::Async, true).await;
+        if waited.is_err() {
+            // It will not map here (another device's buffer, or a loss): no use waiting for it.
+            pending.cancel();
+        }
+        pending.settle(waited)?;
+        pending.keep_mapped();
+        Ok(())
     }
 
     /// Bytes of the largest allocation device `index` can make.

@@ -78,7 +78,7 @@ struct Remapping {
     mapped: oneshot::Receiver<MapResult>,
     /// The map had completed when it was asked for (its result is already taken).
     ready: bool,
-    index: wgpu::SubmissionIndex,
+    index: Option<wgpu::SubmissionIndex>,
 }
 
 #[derive(Default)]
@@ -161,7 +161,7 @@ impl Belt {
                         lock(&self.kept).uploads.push_front(r);
                         break;
                     }
-                    gpu.wait_mapped(r.mapped, Some(r.index), mode).await?;
+                    gpu.wait_mapped(r.mapped, r.index, mode).await?;
                     return Ok(r.staging);
                 }
             }
@@ -177,7 +177,7 @@ impl Belt {
         &self,
         gpu: &Gpu,
         staging: Staging,
-        index: wgpu::SubmissionIndex,
+        index: Option<wgpu::SubmissionIndex>,
     ) -> Option<bool> {
         if self.over_budget() {
             return None;

@@ -9,7 +9,6 @@ use super::lost::Loss;
 use super::options::Route;
 use super::storage::{aligned, WgpuStorage};
 use super::WgpuAllocator;
-use crate::bounce::run_blocking;
 use crate::device::{Device, DeviceIndex};
 use crate::error::{Error, Result};
 use crate::ptr::DevicePtr;
@@ -254,7 +253,7 @@ impl WgpuAllocator {
         }
         let ours = &r.block.buffer;
         // On the direct route the buffer may be mapped by a copy right now: wait for it.
-        let _guard = (s.route == Route::Direct).then(|| run_blocking(r.block.lock.lock()));
+        let _held = if s.route == Route::Direct { Some(r.block.lock_blocking(&s.gpu)?) } else { None };
         s.gpu
             .submit("devalloc app-buffer copy", |enc| {
                 if to_app {

@@ -3,10 +3,10 @@
 //! host in chunks; and clearing. Each takes the blocks' locks, which keep mapped copies (the
 //! direct route) and ragged writes (read, merge, write back) from interleaving with them.
 
-use super::platform::{Current, Platform};
+use super::block::Held;
 use super::storage::{aligned, WgpuBlock, WgpuStorage};
 use crate::bounce::{yield_now, Mode, BOUNCE_CHUNK};
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 impl WgpuStorage {
     /// Copies `len` bytes between blocks: on the GPU when the ranges are whole words, else
@@ -80,21 +80,12 @@ impl WgpuStorage {
         Ok(())
     }
 
-    /// The block's lock. A blocking call in the browser cannot wait for it (an async copy on
-    /// the block is in flight): there it is an error, never a wait.
-    pub(crate) async fn lock_block<'a>(
-        &self,
-        block: &'a WgpuBlock,
-        mode: Mode,
-    ) -> Result<async_lock::MutexGuard<'a, ()>> {
-        if mode == Mode::Blocking && !Current::CAN_BLOCK {
-            return block.lock.try_lock().ok_or_else(|| Error::NotSupported {
-                operation: "a blocking copy on memory an async copy is still using",
-                device_type: self.gpu.id.device_type,
-                reason: "the browser cannot block: await the async copy first, or use the async form".into(),
-            });
+    /// The block's lock, blocking or not as `mode` says (see `block.rs`).
+    pub(crate) async fn lock_block<'a>(&self, block: &'a WgpuBlock, mode: Mode) -> Result<Held<'a>> {
+        match mode {
+            Mode::Blocking => block.lock_blocking(&self.gpu),
+            Mode::Async => Ok(block.lock_async().await),
         }
-        Ok(block.lock.lock().await)
     }
 
     /// Clears `len` bytes at `offset` (both multiples of 4) to zero on the GPU.

@@ -10,80 +10,43 @@
 //! One protocol, in steps that the async copies and the blocking ones (which skip the async
 //! machinery: a blocking copy here is a few hundred ns of work, and futures measured ~150 ns of
 //! it) both take, in this order: lock the block, [`Mapping::request`] the map, wait for it,
-//! [`Mapping::settle`] what the wait said, copy [`Mapping::pieces`], unmap (on drop).
+//! settle what the wait said (`MapGuard::settle`), copy [`Mapping::pieces`], unmap (the guard,
+//! on drop: a copy dropped half-way never leaves the buffer mapped, see `mapping.rs`).
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::Arc;
 
-use super::gpu::{Gpu, MapResult};
-use super::storage::{ceil4, WgpuBlock};
-use crate::bounce::{run_blocking, yield_now, Mode};
+use super::block::WgpuBlock;
+use super::gpu::Gpu;
+use super::mapping::MapGuard;
+use super::storage::ceil4;
+use crate::bounce::{yield_now, Mode};
 use crate::error::Result;
-
-/// Unmaps a buffer when dropped, unless disarmed (the map it guards failed: then the mapping
-/// state is not devalloc's, say the app had mapped the buffer itself and keeps its mapping).
-/// Armed while a map is pending too: unmapping cancels a pending map, so a future dropped
-/// half-way never leaves a buffer mapped behind anyone's back.
-pub(crate) struct Unmap<'a> {
-    pub gpu: &'a Gpu,
-    pub buffer: &'a wgpu::Buffer,
-    pub armed: bool,
-}
-
-impl Drop for Unmap<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.gpu.unmap(self.buffer);
-        }
-    }
-}
 
 /// One map of the words around `offset..offset + len` of a block, unmapped when dropped.
 struct Mapping<'a> {
-    unmap: Unmap<'a>,
+    guard: MapGuard<'a>,
+    buffer: &'a wgpu::Buffer,
+    gpu: &'a Gpu,
     range: Range<u64>,
     offset: u64,
     len: u64,
 }
 
 impl<'a> Mapping<'a> {
-    /// Asks for the map (the caller holds the block's lock); `then` gets the callback's result.
-    /// Only a buffer the app holds (`exposed`) is mapped inside an error scope: see
-    /// `Gpu::map_unscoped`.
+    /// Asks for the map (the caller holds the block's lock); the receiver resolves when wgpu
+    /// has answered. Only a buffer the app holds (`exposed`) is mapped inside an error scope:
+    /// see `Gpu::map_unscoped`.
     fn request(
         gpu: &'a Gpu,
         block: &'a WgpuBlock,
         mode: wgpu::MapMode,
         offset: u64,
         len: usize,
-        then: impl FnOnce(MapResult) + wgpu::WasmNotSend + 'static,
-    ) -> Result<Self> {
+    ) -> Result<(Self, futures_channel::oneshot::Receiver<()>)> {
         let range = offset & !(wgpu::MAP_ALIGNMENT - 1)..ceil4(offset + len as u64);
-        let exposed = block.exposed.load(Ordering::Acquire);
-        gpu.map_then(&block.buffer, mode, range.clone(), exposed, then)?;
-        Ok(Mapping {
-            unmap: Unmap { gpu, buffer: &block.buffer, armed: true },
-            range,
-            offset,
-            len: len as u64,
-        })
-    }
-
-    /// What the wait said: `Ok(true)` mapped, `Ok(false)` refused by wgpu (the app had mapped
-    /// the buffer, say: not ours to unmap), `Err` the wait's own failure. The wait polls the
-    /// device, which fires the lost callback of a lost device, and a map on a lost device fails
-    /// at once: so no poll up front; a failure is named a loss where it is one.
-    fn settle(&mut self, waited: Result<bool>) -> Result<()> {
-        let gpu = self.unmap.gpu;
-        let waited = match waited {
-            Ok(false) => {
-                self.unmap.armed = false;
-                Err(gpu.backend_error("mapping a buffer", "wgpu refused the map"))
-            }
-            other => other.map(drop),
-        };
-        gpu.or_lost(waited)
+        let exposed = block.exposed.load(std::sync::atomic::Ordering::Acquire);
+        let (guard, rx) = MapGuard::request(gpu, &block.buffer, mode, range.clone(), exposed)?;
+        Ok((Mapping { guard, buffer: &block.buffer, gpu, range, offset, len: len as u64 }, rx))
     }
 
     /// The pieces to copy, at most `chunk` bytes each and starting at multiples of 8 from the
@@ -105,10 +68,9 @@ impl<'a> Mapping<'a> {
         piece: (Range<u64>, usize, Range<usize>),
         f: &mut impl FnMut(&wgpu::Buffer, Range<u64>, usize, Range<usize>) -> MapCopy,
     ) -> Result<()> {
-        let gpu = self.unmap.gpu;
-        let r = f(self.unmap.buffer, piece.0, piece.1, piece.2)
-            .map_err(|e| gpu.backend_error("mapping a device buffer", e));
-        gpu.or_lost(r)
+        let r = f(self.buffer, piece.0, piece.1, piece.2)
+            .map_err(|e| self.gpu.backend_error("mapping a device buffer", e));
+        self.gpu.or_lost(r)
     }
 }
 
@@ -123,25 +85,24 @@ async fn with_mapped(
     mode: Mode,
     mut f: impl FnMut(&wgpu::Buffer, Range<u64>, usize, Range<usize>) -> MapCopy,
 ) -> Result<()> {
-    let _guard = block.lock.lock().await;
-    let (tx, mapped) = futures_channel::oneshot::channel();
-    let mut mapping = Mapping::request(gpu, block, map_mode, offset, len, move |r| {
-        let _ = tx.send(r);
-    })?;
-    let waited = gpu.wait(mapped, None, mode, false).await.map(|r| r.is_ok());
-    mapping.settle(waited)?;
+    let held = block.lock_async().await;
+    let (mut mapping, mapped) = Mapping::request(gpu, block, map_mode, offset, len)?;
+    let waited = gpu.wait(mapped, None, mode, false).await;
+    held.here();
+    mapping.guard.settle(waited)?;
     let mut pieces = mapping.pieces(chunk).peekable();
     while let Some(piece) = pieces.next() {
         mapping.copy(piece, &mut f)?;
         if pieces.peek().is_some() && mode == Mode::Async {
             yield_now().await;
+            held.here();
         }
     }
     Ok(())
 }
 
-/// The blocking twin of [`with_mapped`], without futures: a callback slot of its own instead of
-/// a channel, one piece.
+/// The blocking twin of [`with_mapped`], without futures (the wait reads the map's outcome
+/// directly), one piece.
 fn with_mapped_blocking(
     gpu: &Gpu,
     block: &WgpuBlock,
@@ -150,20 +111,10 @@ fn with_mapped_blocking(
     len: usize,
     mut f: impl FnMut(&wgpu::Buffer, Range<u64>, usize, Range<usize>) -> MapCopy,
 ) -> Result<()> {
-    const PENDING: u8 = 0;
-    const MAPPED: u8 = 1;
-    const REFUSED: u8 = 2;
-    let _guard = run_blocking(block.lock.lock());
-    let state = Arc::new(AtomicU8::new(PENDING));
-    let slot = Arc::clone(&state);
-    let mut mapping = Mapping::request(gpu, block, map_mode, offset, len, move |r| {
-        slot.store(if r.is_ok() { MAPPED } else { REFUSED }, Ordering::Release)
-    })?;
-    let waited = gpu.wait_blocking(|| match state.load(Ordering::Acquire) {
-        PENDING => Ok(None),
-        got => Ok(Some(got == MAPPED)),
-    });
-    mapping.settle(waited)?;
+    let _held = block.lock_blocking(gpu)?;
+    let (mut mapping, _) = Mapping::request(gpu, block, map_mode, offset, len)?;
+    let waited = mapping.guard.wait_blocking();
+    mapping.guard.settle(waited)?;
     let copied = mapping.pieces(u64::MAX).try_for_each(|piece| mapping.copy(piece, &mut f));
     copied
 }

@@ -173,21 +173,50 @@ impl Gpu {
         })
     }
 
-    /// Encodes with `encode` and submits, inside error scopes.
+    /// Encodes with `encode` and submits, inside error scopes. The submission's index, or `None`
+    /// when a callback that wgpu ran after the submission (the app's) panicked: the work was
+    /// submitted (wgpu runs ready callbacks once it has), only its index is unknown; the panic
+    /// is logged, and becomes a loss only if wgpu then says the device is invalid.
     pub fn submit(
         &self,
         what: &str,
         encode: impl FnOnce(&mut wgpu::CommandEncoder),
-    ) -> Result<wgpu::SubmissionIndex> {
+    ) -> Result<Option<wgpu::SubmissionIndex>> {
         self.scoped(what, 0, Raises::Validation, || {
             let mut enc =
                 self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(what) });
             encode(&mut enc);
             let queued = self.queued_writes.load(Ordering::Acquire);
-            let index = self.queue.submit([enc.finish()]);
+            let index =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.queue.submit([enc.finish()])));
             // That submission carried every small upload queued before it.
             self.flushed_writes.fetch_max(queued, Ordering::AcqRel);
-            index
+            index.ok()
+        })
+        .and_then(|index| match index {
+            Some(index) => Ok(Some(index)),
+            None => {
+                self.lost.after_panic(what);
+                if self.lost.is_lost() {
+                    return Err(self.lost.error());
+                }
+                log::warn!("devalloc: {}: a callback that wgpu ran after {what} panicked", self.id);
+                Ok(None)
+            }
+        })
+    }
+
+    /// Runs `f`, a wgpu call that may run callbacks (a submission runs the map and work-done
+    /// callbacks that have become ready, the app's too): a panic in one of them (the app's) is
+    /// not devalloc's to pass on. It becomes an error (and a loss, if wgpu then says the device
+    /// is invalid: see `Loss::after_panic`); the work may have been submitted.
+    fn catching<T>(&self, what: &str, f: impl FnOnce() -> T) -> Result<T> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|_| {
+            self.lost.after_panic(what);
+            self.backend_error(
+                what,
+                "a callback that wgpu ran during it panicked (the work may have been submitted)",
+            )
         })
     }
 
@@ -199,12 +228,13 @@ impl Gpu {
     /// Submits nothing but the queue's pending writes, if devalloc queued any since its last
     /// submission (otherwise there is nothing of devalloc's to flush: on GL an empty submission
     /// costs a fence, a few microseconds).
-    pub fn flush_queued_writes(&self) {
+    pub fn flush_queued_writes(&self) -> Result<()> {
         let queued = self.queued_writes.load(Ordering::Acquire);
         if queued > self.flushed_writes.load(Ordering::Acquire) {
-            self.queue.submit([]);
+            self.catching("flushing small uploads", || self.queue.submit([]))?;
             self.flushed_writes.fetch_max(queued, Ordering::AcqRel);
         }
+        Ok(())
     }
 
     /// Asks for `buffer[range]` to be mapped (inside an error scope: a destroyed buffer is an
@@ -307,10 +337,12 @@ impl Gpu {
             return Err(self.lost.error());
         }
         let (tx, rx) = oneshot::channel();
-        self.flush_queued_writes();
-        self.queue.on_submitted_work_done(move || {
-            let _ = tx.send(());
-        });
+        self.flush_queued_writes()?;
+        self.catching("waiting for the queue", || {
+            self.queue.on_submitted_work_done(move || {
+                let _ = tx.send(());
+            })
+        })?;
         let r = self.wait(rx, None, mode, false).await;
         self.or_lost(r)?;
         // One poll can run the work-done callback before the lost one (wgpu fires them in that

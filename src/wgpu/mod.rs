@@ -46,8 +46,12 @@
 //!   two tensors of one planned buffer bound in one dispatch need the same access: bind planned
 //!   activations `read_write`, or use one planned buffer per access kind.
 //! - **Usage and labels.** `allocate_request(&BufferRequest::new(n).usage(..).label(..), index)`
-//!   chooses usage per allocation (uniform, vertex, index, indirect...) and a label that wgpu's
-//!   own messages show. The cache keeps buffers apart by usage and label.
+//!   chooses usage per allocation (uniform, vertex, index, indirect...) and a label for people.
+//!   The cache keeps buffers apart by usage, never by label: a freed buffer serves the next
+//!   allocation of its usage whatever its label. wgpu fixes a buffer's label when it is made, so
+//!   wgpu's own messages name the buffer by its block (`devalloc block 17 (1024 bytes)`), true
+//!   while the block is reused; `live_allocations` and snapshots tie each block id to the label
+//!   of the allocation in it.
 //! - **The cache's reuse rule.** A freed buffer is cached and handed out again: a bind group
 //!   (or any command) built on a freed allocation then reaches the next allocation in that
 //!   buffer, as with every caching allocator (PyTorch's included). Drop bind groups before
@@ -76,10 +80,12 @@
 mod allocator;
 mod belt;
 mod binding;
+mod block;
 mod copy;
 mod direct;
 mod gpu;
 mod lost;
+mod mapping;
 mod options;
 mod platform;
 mod staged;

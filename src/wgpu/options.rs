@@ -55,9 +55,10 @@ pub struct WgpuOptions {
     /// hand back one already set, so devalloc, which needs the callback to notice a loss, takes
     /// it: an app that adopts its device must not set the device's lost callback itself
     /// afterwards (that would blind devalloc), and gives its own here instead. On native it
-    /// may run on devalloc's polling thread: it must not call back into devalloc, and a panic
-    /// in it (or in a map callback of the app's that a devalloc poll runs) is caught there and
-    /// taken as a driver-level loss of the device.
+    /// may run on devalloc's polling thread: it must not call back into devalloc. A panic in
+    /// it, or in a map callback of the app's that a devalloc poll or submit happens to run, is
+    /// caught there and logged; the device is taken as lost only if wgpu then says it is no
+    /// longer valid, so a panicking app callback never takes a healthy device away.
     pub on_device_lost: Option<DeviceLostHandler>,
 }
 
@@ -176,14 +177,18 @@ impl Tuning {
             (true, false) => u64::MAX,
             (true, true) => 4 << 20,
         };
-        // Fresh download staging: only on WebGL2, up to 1 MiB. There a map for reading reads
-        // back the whole buffer (wgpu-hal emulates mapping with `getBufferSubData`), and
-        // Chromium drops the shadow copy it keeps to speed that up once a buffer is written
-        // again, so a small read through a kept (larger, reused) buffer is slower than through a
-        // fresh one of its size (the page's bench: 4 KiB 0.002 vs 0.007 GB/s, 1 MiB 0.29 vs
-        // 0.44), while from 16 MiB making the buffer costs more (0.59 fresh vs 1.13 reused).
-        // Natively reusing them is what makes small reads fast.
-        let fresh_downloads = if browser && gl { 1 << 20 } else { 0 };
+        // Fresh download staging: on WebGL2, for every read. There a map for reading reads back
+        // the whole buffer (wgpu-hal emulates mapping with `getBufferSubData`), and Chromium
+        // warns on every reuse of a read buffer ("READ-usage buffer was written, then fenced,
+        // but written again before being read back"), 256 times and then "too many errors",
+        // which hides every later real error of the page. A fresh buffer per read is quiet; it
+        // costs large reads (the page's bench: 16-64 MiB at ~0.6-1.0 GB/s against ~0.7-1.4
+        // reused), and is faster for small ones (4 KiB 0.007 against 0.002 GB/s). Natively
+        // reusing them is what makes small reads fast.
+        let fresh_downloads = if browser && gl { u64::MAX } else { 0 };
+        // No upload does more than a chunk's work in one poll: the queue's staging takes at most
+        // a chunk too.
+        let small_upload = small_upload.min(chunk);
         Tuning { chunk, small_upload, fresh_downloads }
     }
 }

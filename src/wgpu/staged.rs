@@ -71,7 +71,7 @@ impl Belt {
         let before = self.pending_small.fetch_add(total, Ordering::Relaxed);
         if before + total >= FLUSH_PENDING {
             self.pending_small.store(0, Ordering::Relaxed);
-            gpu.flush_queued_writes();
+            gpu.flush_queued_writes()?;
         }
         Ok(())
     }
@@ -172,7 +172,7 @@ impl Belt {
                 }
             }
             let Some((staging, cpos, n, mapped, index)) = inflight.pop_front() else { break };
-            gpu.wait_mapped(mapped, Some(index), mode).await?;
+            gpu.wait_mapped(mapped, index, mode).await?;
             {
                 let view = staging
                     .buffer

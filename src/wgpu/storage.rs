@@ -4,9 +4,10 @@
 //! route, and sends each copy the route's way: staged through the belt, or by mapping the
 //! block itself (`direct.rs`); copies between blocks are in `copy.rs`.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 
 use super::belt::Belt;
+pub use super::block::WgpuBlock;
 use super::gpu::Gpu;
 use super::options::{Route, Tuning, WgpuOptions};
 use super::platform::{blocking_allowed, Current, MustWait, Platform};
@@ -30,20 +31,6 @@ pub(crate) fn ceil4(v: u64) -> u64 {
 /// Whether `offset..offset + len` is whole 4-byte words.
 pub(crate) fn aligned(offset: u64, len: u64) -> bool {
     (offset | len).is_multiple_of(COPY_ALIGN)
-}
-
-/// One wgpu buffer, and the lock that keeps apart what must not overlap on it: mapping it
-/// (direct route) and GPU copies queued on it, and two ragged writes that share a word.
-pub struct WgpuBlock {
-    pub(crate) buffer: wgpu::Buffer,
-    pub(crate) lock: async_lock::Mutex<()>,
-    /// The buffer has been handed to the app (`WgpuAllocator::buffer` / `buffer_range`), which
-    /// may then map or destroy it itself: from then on devalloc's maps of it run in an error
-    /// scope. Never cleared: the app may keep its handle.
-    pub(crate) exposed: AtomicBool,
-    /// A copy on this exposed buffer failed while the device was fine: the app has destroyed
-    /// or mapped it. Freed, it is dropped rather than cached for the next allocation.
-    spoiled: AtomicBool,
 }
 
 /// Per-allocation choices of a wgpu buffer: its usage (bits of `wgpu::BufferUsages`).
@@ -152,7 +139,10 @@ impl WgpuStorage {
         }
         // Ragged: read the edge words, merge, write the whole words. The lock keeps two
         // ragged writes that share a word from undoing each other.
-        let _guard = block.lock.lock().await;
+        let _held = match mode {
+            Mode::Blocking => block.lock_blocking(gpu)?,
+            Mode::Async => block.lock_async().await,
+        };
         let (head_len, tail_len) = ((offset - a0) as usize, (a1 - end) as usize);
         let mut head = [0u8; 4];
         let mut tail = [0u8; 4];
@@ -238,12 +228,7 @@ impl Storage for WgpuStorage {
             u => Self::full_usage(self.route, u),
         };
         let buffer = self.gpu.create(name, capacity, usage, false)?;
-        Ok(WgpuBlock {
-            buffer,
-            lock: async_lock::Mutex::new(()),
-            exposed: AtomicBool::new(false),
-            spoiled: AtomicBool::new(false),
-        })
+        Ok(WgpuBlock::new(buffer))
     }
 
     fn reusable(&self, block: &WgpuBlock) -> bool {
