@@ -31,7 +31,7 @@ function showDevice(dv) {
     ["largest buffer", `${human(limits.maxBufferSize, 2)} (${exact(limits.maxBufferSize)})`],
     ["largest storage binding", limits.storageBuffers ? `${human(limits.maxStorageBufferBindingSize, 2)} (${exact(limits.maxStorageBufferBindingSize)})` : "none: WebGL2 has no storage buffers"],
     ["devices", dv.devices().map((d) => d.device).join(", ")],
-    ...(webgpu ? [] : [["staging", "1 MiB chunks (a fresh read buffer per chunk keeps Chromium's console clean; see the throughput notes)"]]),
+    ...(webgpu ? [] : [["staging", "a fresh read buffer per download (a reused one makes Chromium warn on every read; see the throughput notes)"]]),
   ];
   $("device").innerHTML = rows.map(([k, v]) => `<dt>${k}</dt><dd>${v}</dd>`).join("");
   results.backend = dv.backend;
@@ -118,7 +118,7 @@ async function throughput(dv) {
   }
   const notes = [`Medians of interleaved samples (${plan.map(([s, n]) => `${human(s)}: ${n}`).join(", ")} samples per method, after one warm-up each); every copy's data verified.`];
   for (const s of results.bench[0].skipped) notes.push(`Not measured here: ${s.name}: ${s.why}.`);
-  if (dv.backend !== "webgpu") notes.push("devalloc runs with 1 MiB staging chunks here (so that each read gets a fresh buffer): its large copies are slower than with its default 64 MiB chunks, which Chromium would warn about on every reuse.");
+  if (dv.backend !== "webgpu") notes.push("On WebGL2 devalloc reads through a fresh staging buffer each time: a reused one would be faster for large reads, but Chromium warns on every reuse of a read buffer.");
   $("bwnote").textContent = notes.join(" ");
   // One 4-byte read is below the browser's timer resolution (0.1 ms): time many together.
   const reads = 20, samples = 15;

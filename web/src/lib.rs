@@ -164,13 +164,7 @@ impl Devalloc {
             if !wgpu::Instance::enabled_backend_features().contains(backend.into()) {
                 continue;
             }
-            // On WebGL2 every staging buffer is 1 MiB at most: devalloc makes a fresh one for
-            // each read up to 1 MiB there and reuses larger ones, and Chromium warns each time
-            // a read buffer is reused (see peers::reuse_read_buffers). A console that stays
-            // clean costs large downloads some speed (the page says how much).
-            let staging_chunk = (backend == wgpu::Backend::Gl).then_some(1 << 20);
-            let options =
-                WgpuOptions { on_device_lost: Some(on_lost()), staging_chunk, ..WgpuOptions::default() };
+            let options = WgpuOptions { on_device_lost: Some(on_lost()), ..WgpuOptions::default() };
             match WgpuAllocator::with_options_async(backend, options).await {
                 Ok(a) => {
                     let alloc: &'static WgpuAllocator = Box::leak(Box::new(a));
