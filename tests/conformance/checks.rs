@@ -511,7 +511,7 @@ pub async fn history_and_snapshot(a: &'static dyn DeviceAllocator, i: DeviceInde
 /// Steady state: a workload that repeats the same shapes step after step, each step under new
 /// labels, makes no device allocation after its first step (labels never keep a freed block
 /// from being reused), and reserves no more in later steps than in the first. Skipped, saying
-/// so, for an allocator that does not cache (host memory by default).
+/// so, for an allocator made with caching off (`PoolOptions { caching: false, .. }`).
 pub async fn steady_state(a: &'static dyn DeviceAllocator, i: DeviceIndex) {
     let shapes = [256usize, 4096, 65_536 + 12, 1 << 20, (3 << 18) + 5];
     let mut misses = Vec::new();

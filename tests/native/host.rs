@@ -91,3 +91,33 @@ fn an_async_copy_does_at_most_one_chunk_of_work_per_poll() {
     assert!(back == data, "the overlapping copy differs");
     a.deallocate(p, 0).unwrap();
 }
+
+/// The same for ragged copies between two allocations and within one (overlapping, the
+/// destination five bytes above the source): each 64 MiB copy returns `Pending` at least 15
+/// times, and the overlapping one moves the bytes as memmove would.
+#[test]
+#[cfg_attr(miri, ignore = "64 MiB copies take hours under Miri")]
+fn ragged_async_copies_between_and_within_allocations_yield_every_4_mib() {
+    let a = HostAllocator::new();
+    let n = 64 << 20;
+    let data = conformance::pattern(n, 9);
+    let p = a.allocate(n, 0, DEFAULT_ALIGNMENT).unwrap();
+    let q = a.allocate(n, 0, DEFAULT_ALIGNMENT).unwrap();
+    a.copy_host_to_device(p, &data, 0).unwrap();
+    let between = a.copy_device_to_device_async(q.offset(1).unwrap(), 0, p.offset(3).unwrap(), 0, n - 8);
+    let (r, polls) = conformance::polls_until_ready(between);
+    r.unwrap();
+    assert!(polls >= 15, "a ragged copy between allocations was Pending only {polls} times");
+    let mut back = vec![0u8; n - 8];
+    a.copy_device_to_host(&mut back, q.offset(1).unwrap(), 0).unwrap();
+    assert!(back[..] == data[3..n - 5], "the ragged copy between allocations differs");
+    let within = a.copy_device_to_device_async(p.offset(5).unwrap(), 0, p, 0, n - 5);
+    let (r, polls) = conformance::polls_until_ready(within);
+    r.unwrap();
+    assert!(polls >= 15, "an overlapping ragged copy was Pending only {polls} times");
+    let mut back = vec![0u8; n - 5];
+    a.copy_device_to_host(&mut back, p.offset(5).unwrap(), 0).unwrap();
+    assert!(back[..] == data[..n - 5], "an overlapping async copy lost data");
+    a.deallocate(p, 0).unwrap();
+    a.deallocate(q, 0).unwrap();
+}

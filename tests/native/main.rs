@@ -1,7 +1,11 @@
 //! Every native test of devalloc, in one binary (the conformance suite compiles once): the
 //! suite and the hostile model check on host memory (`host`), the contract's edges (`contract`),
-//! the planner (`plan`), the pool's policy (`pool_policy`), the registry (`registry`), wgpu on lavapipe and llvmpipe (`wgpu`), a wgpu app that adopts
-//! devalloc (`wgpu_app`), and CUDA where a driver is (`cuda`, feature `cuda`).
+//! the planner (`plan`), its CSV reader and replay under hostile input (`inputs`), the pool's
+//! policy (`pool_policy`), the registry (`registry`), wgpu on lavapipe and llvmpipe (`wgpu`), a
+//! wgpu app that adopts devalloc (`wgpu_app`), an app's hostile ways with it (panicking map
+//! callbacks, async copies dropped mid-map: `wgpu_hostile`), wgpu copies under hostile use
+//! (bounded work per async poll, drops at any poll, destroy mid-copy: `wgpu_copies`), and CUDA
+//! where a driver is (`cuda`, feature `cuda`). `util` holds the hostile tests' small helpers.
 //!
 //!     cargo test --test native [-- host::]      # a module's tests alone: filter by its name
 #![cfg(not(target_arch = "wasm32"))]
@@ -14,10 +18,16 @@ mod contract;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod host;
+mod inputs;
 mod plan;
 mod pool_policy;
 mod registry;
+mod util;
 #[cfg(feature = "wgpu")]
 mod wgpu;
 #[cfg(feature = "wgpu")]
 mod wgpu_app;
+#[cfg(feature = "wgpu")]
+mod wgpu_copies;
+#[cfg(feature = "wgpu")]
+mod wgpu_hostile;

@@ -1,4 +1,5 @@
-//! Registry, RAII buffer, cross-device copies and the host allocator's own promises.
+//! Registry (which gives allocators back as their own types, a wrapper of one's own included),
+//! RAII buffer, cross-device copies and the host allocator's own promises (caching by default).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -298,4 +299,50 @@ fn planned_memory_buffers_are_recorded_as_planned() {
     assert_eq!(planned, [0, 2], "the empty buffer 1 allocates nothing");
     drop(plan);
     assert_eq!(a.stats(0).unwrap().live_allocations, 0);
+}
+
+/// Every built-in allocator caches by default: a freed block serves the next request of its
+/// size class, whatever its label.
+#[test]
+fn every_built_in_allocator_caches_by_default() {
+    assert!(PoolOptions::default().caching);
+    let a = HostAllocator::new();
+    let p = a.allocate(1000, 0, 256).unwrap();
+    a.deallocate(p, 0).unwrap();
+    let q = a.allocate_labeled(900, 0, 256, "another").unwrap();
+    assert_eq!(a.stats(0).unwrap().cache_hits, 1);
+    a.deallocate(q, 0).unwrap();
+    assert!(a.empty_cache() > 0);
+    #[cfg(feature = "wgpu")]
+    assert!(devalloc::wgpu::WgpuOptions::default().pool.caching);
+    #[cfg(feature = "cuda")]
+    assert!(devalloc::cuda::CudaOptions::default().pool.caching);
+}
+
+/// A type of one's own around a `PooledAllocator` is a `DeviceAllocator` through `Pooled`, and
+/// a registry gives it back as that type (not as the built-in allocator of its device type).
+struct MyHost(devalloc::backend::PooledAllocator<devalloc::backend::HostStorage>);
+
+impl devalloc::backend::Pooled for MyHost {
+    type Storage = devalloc::backend::HostStorage;
+    fn pooled(&self) -> &devalloc::backend::PooledAllocator<devalloc::backend::HostStorage> {
+        &self.0
+    }
+}
+
+#[test]
+fn the_registry_gives_back_concrete_types() {
+    use devalloc::backend::{HostStorage, Pool, PooledAllocator};
+    let r = DeviceAllocatorRegistry::new();
+    let pool = Pool::new(HostStorage, PoolOptions::default()).unwrap();
+    let mine = leak(MyHost(PooledAllocator::from_pools(DeviceType::Cpu, vec![pool]).unwrap()));
+    r.register_allocator(mine).unwrap();
+    assert!(r.get::<MyHost>(DeviceType::Cpu).is_some());
+    assert!(r.get::<HostAllocator>(DeviceType::Cpu).is_none());
+    let r2 = DeviceAllocatorRegistry::new();
+    r2.register_allocator(leak(HostAllocator::new())).unwrap();
+    assert!(r2.get::<HostAllocator>(DeviceType::Cpu).is_some());
+    assert!(r2.get::<MyHost>(DeviceType::Cpu).is_none());
+    let p = mine.allocate(10, 0, 256).unwrap();
+    mine.deallocate(p, 0).unwrap();
 }

@@ -96,7 +96,9 @@ mod gl {
     }
 }
 
-fn vulkan(options: WgpuOptions) -> Option<WgpuAllocator> {
+/// An allocator of its own on Vulkan; `None`, saying so, where there is no Vulkan adapter (under
+/// CI=true a failure).
+pub(crate) fn vulkan(options: WgpuOptions) -> Option<WgpuAllocator> {
     backend(wgpu::Backend::Vulkan, options)
 }
 

@@ -14,7 +14,7 @@ use std::task::{Context, Poll, Waker};
 use devalloc::wgpu::{BindingKind, BufferRequest, Route, WgpuAllocator, WgpuOptions};
 use devalloc::{DeviceAllocator, DeviceMemoryBuffer, Error, PlanLayout, PoolOptions, DEFAULT_ALIGNMENT};
 
-const BACKENDS: [wgpu::Backend; 2] = [wgpu::Backend::Vulkan, wgpu::Backend::Gl];
+pub(crate) const BACKENDS: [wgpu::Backend; 2] = [wgpu::Backend::Vulkan, wgpu::Backend::Gl];
 
 /// The app's own device and queue on `backend`, as a wgpu app would open them.
 fn app_device(backend: wgpu::Backend) -> Option<(wgpu::Device, wgpu::Queue)> {
@@ -43,14 +43,14 @@ fn counter() -> (Arc<AtomicUsize>, impl Fn() -> usize) {
 
 /// What the app hears from its device: errors in its uncaptured-error handler, and how often
 /// its `on_device_lost` handler (given to devalloc) fired.
-struct Watched {
-    errors: Arc<Mutex<Vec<String>>>,
-    fired: Arc<AtomicUsize>,
+pub(crate) struct Watched {
+    pub(crate) errors: Arc<Mutex<Vec<String>>>,
+    pub(crate) fired: Arc<AtomicUsize>,
 }
 
 impl Watched {
     /// Installs the app's uncaptured-error handler on `device`.
-    fn on(device: &wgpu::Device) -> Self {
+    pub(crate) fn on(device: &wgpu::Device) -> Self {
         let errors = Arc::new(Mutex::new(Vec::<String>::new()));
         let sink = Arc::clone(&errors);
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| sink.lock().unwrap().push(e.to_string())));
@@ -58,7 +58,7 @@ impl Watched {
     }
 
     /// The app's `on_device_lost` handler, counting.
-    fn on_lost(&self) -> devalloc::wgpu::DeviceLostHandler {
+    pub(crate) fn on_lost(&self) -> devalloc::wgpu::DeviceLostHandler {
         let fired = Arc::clone(&self.fired);
         Arc::new(move |_, _: &str| {
             fired.fetch_add(1, Ordering::SeqCst);
@@ -633,8 +633,9 @@ fn the_small_frictions_are_smooth() {
 }
 
 /// A device opened with MAPPABLE_PRIMARY_BUFFERS where the adapter offers it (the direct route
-/// on lavapipe), else a plain one.
-fn app_device_mappable(backend: wgpu::Backend) -> Option<(wgpu::Device, wgpu::Queue)> {
+/// on lavapipe), else a plain one; `None`, saying so, where the backend has no adapter (under
+/// CI=true a failure).
+pub(crate) fn app_device_mappable(backend: wgpu::Backend) -> Option<(wgpu::Device, wgpu::Queue)> {
     let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
     desc.backends = backend.into();
     let instance = wgpu::Instance::new(desc);
@@ -642,7 +643,10 @@ fn app_device_mappable(backend: wgpu::Backend) -> Option<(wgpu::Device, wgpu::Qu
     {
         Ok(a) => a,
         Err(e) if conformance::in_ci() => panic!("no {backend:?} adapter under CI: {e}"),
-        Err(_) => return None,
+        Err(e) => {
+            eprintln!("SKIPPED on {backend:?}: no adapter: {e}");
+            return None;
+        }
     };
     let features = adapter.features() & wgpu::Features::MAPPABLE_PRIMARY_BUFFERS;
     let desc = wgpu::DeviceDescriptor {
