@@ -238,7 +238,8 @@ impl Gpu {
     }
 
     /// Asks for `buffer[range]` to be mapped (inside an error scope: a destroyed buffer is an
-    /// error, not a panic); the receiver gets the callback's result.
+    /// error, not a panic); the receiver gets the callback's result. A callback wgpu drops
+    /// without calling it answers `Ok` (see [`Reply`]).
     pub fn map(
         &self,
         buffer: &wgpu::Buffer,
@@ -246,9 +247,8 @@ impl Gpu {
         range: std::ops::Range<u64>,
     ) -> Result<oneshot::Receiver<MapResult>> {
         let (tx, rx) = oneshot::channel();
-        self.map_then(buffer, mode, range, true, move |r| {
-            let _ = tx.send(r);
-        })?;
+        let mut reply = Reply(Some(tx));
+        self.map_then(buffer, mode, range, true, move |r| reply.send(r))?;
         Ok(rx)
     }
 
@@ -351,5 +351,26 @@ impl Gpu {
             return Err(self.lost.error());
         }
         Ok(())
+    }
+}
+
+/// The sender of one map's result. wgpu-core 30.0.2 maps every buffer of a poll's batch, then
+/// calls their callbacks in turn: when one of them (an app's) panics, the rest are dropped
+/// uncalled, their buffers mapped. So a reply dropped unsent says `Ok`, and the mapped view
+/// that follows is what finds out (wgpu hands out a view of a mapped buffer only, else an
+/// error), rather than a healthy device's copy failing.
+struct Reply(Option<oneshot::Sender<MapResult>>);
+
+impl Reply {
+    fn send(&mut self, r: MapResult) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(r);
+        }
+    }
+}
+
+impl Drop for Reply {
+    fn drop(&mut self) {
+        self.send(Ok(()));
     }
 }
