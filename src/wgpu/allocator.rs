@@ -146,7 +146,7 @@ impl WgpuAllocator {
             })?;
             log::info!(
                 "devalloc: {id} is {} ({:?}, {:?}), {route:?} copies",
-                info.name,
+                super::storage::adapter_name(&info),
                 info.device_type,
                 info.backend
             );

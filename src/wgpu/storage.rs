@@ -184,7 +184,7 @@ impl Storage for WgpuStorage {
 
     fn name(&self) -> String {
         let info = &self.gpu.info;
-        format!("{} ({:?}, {:?})", info.name, info.device_type, self.route)
+        format!("{} ({:?}, {:?})", adapter_name(info), info.device_type, self.route)
     }
 
     fn granularity(&self) -> u64 {
@@ -289,5 +289,14 @@ impl Storage for WgpuStorage {
         len: u64,
     ) -> BoxFuture<'a, Result<()>> {
         Box::pin(self.copy_with(src, so, dst, d_o, len, Mode::Async))
+    }
+}
+
+/// The adapter's name, or a placeholder where it gives none (browsers hide it).
+pub(crate) fn adapter_name(info: &wgpu::AdapterInfo) -> &str {
+    if info.name.trim().is_empty() {
+        "an unnamed adapter"
+    } else {
+        &info.name
     }
 }
