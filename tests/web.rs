@@ -1,8 +1,9 @@
 //! The conformance suite in the browser (headless Chromium through wasm-bindgen-test) on the
 //! page's WebGPU adapter, and on host memory; plus browser-only tests: async downloads of
 //! ragged ranges, many overlapping pending downloads, allocation after a failed one, the
-//! blocking calls refused with an error that names their async twin, and a device the page
-//! destroys from JS behind wgpu's back (`conformance/browser_loss.rs`).
+//! blocking calls refused with an error that names their async twin, a device the page
+//! destroys from JS behind wgpu's back (`conformance/browser_loss.rs`), and the memory planner
+//! on MiniMalloc's instance A and the decode trace, in wasm.
 //!
 //!     CHROMEDRIVER=/usr/bin/chromedriver cargo test --target wasm32-unknown-unknown --test web
 #![cfg(target_arch = "wasm32")]
@@ -210,5 +211,33 @@ mod destroyed_from_js {
     #[wasm_bindgen_test]
     async fn during_copies() {
         loss::taken_away_during_copies(open, destroy_from_js, "WebGPU, destroy() from JS").await;
+    }
+}
+
+/// The planner in wasm: MiniMalloc's instance A and the 12,464-tensor decode trace, each
+/// planned and checked (no two tensors live at once overlap), within a few percent of the
+/// lower bound and well under one after another, in the browser's time.
+#[wasm_bindgen_test]
+fn the_planner_runs_in_the_browser() {
+    use devalloc::plan::{check, one_after_another, plan, Instance, Strategy};
+    let inputs = [
+        ("A.1048576.csv", include_str!("data/minimalloc/A.1048576.csv"), Strategy::Search { budget_ms: 500 }),
+        ("decode.csv", include_str!("data/traces/decode.csv"), Strategy::Fast),
+    ];
+    for (name, text, strategy) in inputs {
+        let t = Instance::from_csv(name, text).unwrap().tensors;
+        let start = js_sys::Date::now();
+        let p = plan(&t, 1, strategy).unwrap();
+        let ms = js_sys::Date::now() - start;
+        check(&t, 1, p.offsets(), p.size()).unwrap();
+        let ratio = p.size() as f64 / p.lower_bound() as f64;
+        let naive = one_after_another(&t, 1).unwrap().size();
+        wasm_bindgen_test::console_log!(
+            "{name}: {} tensors, planned {} bytes = {ratio:.4}x the lower bound ({naive} one after another), {ms:.0} ms",
+            t.len(),
+            p.size()
+        );
+        assert!(ratio < 1.05, "{name}: {ratio:.4}x the lower bound");
+        assert!(p.size() < naive, "{name}: no reuse");
     }
 }

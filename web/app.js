@@ -236,11 +236,17 @@ async function ownHistory(dv, show) {
     ptrs.forEach((p) => dv.deallocate(p));
   } else {
     status("running a network on a memory plan…", "running");
-    results.network = { maxError: await dv.run_network() };
+    results.network = await dv.run_network();
   }
   const snap = dv.snapshot();
   dv.record_history(0);
   if (show) results.viewer = viewer.render(snap, "this page's allocator");
+  const n = results.network;
+  if (show && n) {
+    const kib = (b) => `${(Number(b) / 1024).toFixed(0)} KiB`;
+    $("viewer-summary").textContent += ` The network's activations take ${kib(n.plannedBytes)} on devalloc's plan`
+      + ` (the most live at once: ${kib(n.lowerBound)}), against ${kib(n.unplannedBytes)} one after another.`;
+  }
 }
 
 // A snapshot named by ?snapshot=URL (same origin), shown before anything else.

@@ -246,7 +246,12 @@ check(snapshotFile ? `the viewer drew the snapshot ${snapshotFile}` : "the viewe
 check(`every label of the viewer has a colour of its own, none gray (${v.shown && v.shown.coloured} of ${v.shown && v.shown.labels} labels in ${v.shown && v.shown.families} colour groups)`, v.shown && v.shown.coloured === v.shown.labels);
 if (!snapshotFile && !noWebgpu) check("the viewer outlines the network's planned buffer", v.shown && v.shown.planned > 0);
 if (noWebgpu) check(`the network is refused for want of compute shaders, on gl: ${results.networkSkipped}`, /not supported on gl/.test(results.networkSkipped || "") && /compute shaders/.test(results.networkSkipped || "") && !results.network);
-else check("the network on a memory plan matched the CPU", results.network && results.network.maxError < 1e-3);
+else {
+  check("the network on a memory plan matched the CPU", results.network && results.network.maxError < 1e-3);
+  const n = results.network || {};
+  check(`the plan reuses memory: ${n.plannedBytes} bytes planned, ${n.lowerBound} live at most, ${n.unplannedBytes} one after another`,
+    n.plannedBytes >= n.lowerBound && n.plannedBytes < n.unplannedBytes);
+}
 if (v.shown) console.log(`e2e: viewer: ${v.source}: ${v.shown.device}, ${v.shown.events} events, peak ${v.shown.peakBytes} allocated / ${v.shown.peakReserved} reserved, ${v.shown.labels} labels`);
 
 console.log(`e2e: adapter ${JSON.stringify(results.adapter)}`);

@@ -11,6 +11,8 @@
 
 mod args;
 mod bench;
+/// The network of `examples/mlp.rs`, shared: activations on a plan from devalloc's planner.
+#[path = "../../examples/support/network.rs"]
 mod network;
 mod peers;
 mod replay;
@@ -346,13 +348,29 @@ impl Devalloc {
         Ok(self.alloc.snapshot().map_err(js)?.to_json())
     }
 
-    /// Runs a few dense layers of a network in WGSL on devalloc memory (weights in labelled
-    /// allocations, activations in one planned buffer); resolves to max |gpu - cpu|.
+    /// Runs a few dense layers of a network in WGSL on devalloc memory (weights and biases in
+    /// labelled allocations, activations on a plan from devalloc's planner in one planned
+    /// buffer, at bindable offsets); resolves to `{maxError, plannedBytes, unplannedBytes,
+    /// lowerBound}`: max |gpu - cpu|, the activations' buffer, what they would take one after
+    /// another, and the most bytes of them live at once.
     pub fn run_network(&self) -> Promise {
         let a = self.alloc;
         future_to_promise(async move {
-            let worst = network::run(a, &[256, 512, 256, 128, 10]).await.map_err(js)?;
-            Ok(JsValue::from(worst))
+            let r = network::run(a, &[256, 512, 256, 128, 10], 8).await.map_err(js)?;
+            #[derive(Serialize)]
+            #[serde(rename_all = "camelCase")]
+            struct Network {
+                max_error: f32,
+                planned_bytes: u64,
+                unplanned_bytes: u64,
+                lower_bound: u64,
+            }
+            to_js(&Network {
+                max_error: r.worst,
+                planned_bytes: r.plan.size(),
+                unplanned_bytes: r.unplanned,
+                lower_bound: r.plan.lower_bound(),
+            })
         })
     }
 
