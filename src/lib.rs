@@ -168,3 +168,9 @@ mod assertions {
     static_assertions::assert_impl_all!(crate::DeviceAllocatorRegistry: Send, Sync);
     static_assertions::assert_obj_safe!(crate::DeviceAllocator);
 }
+
+/// The README's Rust code, compiled (and the quick start run) as doc tests, so the front page
+/// cannot drift from the API.
+#[cfg(all(doctest, feature = "wgpu"))]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
