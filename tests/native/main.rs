@@ -1,8 +1,8 @@
 //! Every native test of devalloc, in one binary (the conformance suite compiles once): the
 //! suite and the hostile model check on host memory (`host`), the contract's edges (`contract`),
-//! the planner (`plan`), its CSV reader and replay under hostile input (`inputs`), the pool's
+//! the planner (`plan`, `plan_search`), its CSV reader and replay under hostile input (`inputs`), the pool's
 //! policy (`pool_policy`), the registry (`registry`), wgpu on lavapipe and llvmpipe (`wgpu`), a
-//! wgpu app that adopts devalloc (`wgpu_app`), an app's hostile ways with it (panicking map
+//! wgpu app that adopts devalloc (`wgpu_app`) and loses its device (`wgpu_app_loss`), an app's hostile ways with it (panicking map
 //! callbacks, async copies dropped mid-map: `wgpu_hostile`), wgpu copies under hostile use
 //! (bounded work per async poll, drops at any poll, destroy mid-copy: `wgpu_copies`), and CUDA
 //! where a driver is (`cuda`, feature `cuda`). `util` holds the hostile tests' small helpers.
@@ -20,6 +20,7 @@ mod cuda;
 mod host;
 mod inputs;
 mod plan;
+mod plan_search;
 mod pool_policy;
 mod registry;
 mod util;
@@ -27,6 +28,8 @@ mod util;
 mod wgpu;
 #[cfg(feature = "wgpu")]
 mod wgpu_app;
+#[cfg(feature = "wgpu")]
+mod wgpu_app_loss;
 #[cfg(feature = "wgpu")]
 mod wgpu_copies;
 #[cfg(feature = "wgpu")]
