@@ -5,6 +5,7 @@
 // lost" once the browser took the GPU away) and #results holds the figures as JSON.
 import init, { Devalloc, replay_snapshot } from "./pkg/devalloc_web.js";
 import * as viewer from "./viewer.js";
+import { isPlanCsv, renderPlan, renderPlanCsv, showNoPlan } from "./plan.js";
 import { human, exact, byteTicks, countTicks, decades, decade, trim } from "./format.js";
 
 const $ = (id) => document.getElementById(id);
@@ -242,9 +243,16 @@ async function ownHistory(dv, show) {
   dv.record_history(0);
   if (show) results.viewer = viewer.render(snap, "this page's allocator");
   const n = results.network;
+  // The network's plan, unless ?plan= asked for another.
+  if (!results.plan && n) {
+    results.plan = renderPlan({ tensors: n.tensors, unplanned: n.unplannedBytes }, "this page's network: its activations on devalloc's plan");
+  } else if (!results.plan) {
+    results.plan = showNoPlan("No plan from this page's own run: its network needs compute shaders, which WebGL2 lacks. "
+      + "Open a plan CSV (id,lower,upper,size,offset, as `cargo run --release --example plan -- FILE.csv --out DIR` writes) to draw one.");
+  }
   if (show && n) {
     const kib = (b) => `${(Number(b) / 1024).toFixed(0)} KiB`;
-    $("viewer-summary").textContent += ` The network's activations take ${kib(n.plannedBytes)} on devalloc's plan`
+    $("viewer-summary").textContent += `. The network's activations take ${kib(n.plannedBytes)} on devalloc's plan`
       + ` (the most live at once: ${kib(n.lowerBound)}), against ${kib(n.unplannedBytes)} one after another.`;
   }
 }
@@ -263,6 +271,24 @@ async function snapshotFromUrl(url) {
     results.viewerError = `snapshot ${url}: ${e && e.message || e}`;
     $("viewer-summary").innerHTML = `<span class="bad">${results.viewerError}</span>`;
   }
+}
+
+// A plan CSV named by ?plan=URL (same origin), shown instead of the page's own plan.
+async function planFromUrl(url) {
+  try {
+    const response = await fetch(url);
+    if (!response.ok) throw new Error(`HTTP ${response.status}`);
+    results.plan = renderPlanCsv(await response.text(), url);
+  } catch (e) {
+    results.plan = showNoPlan(`plan ${url}: ${e && e.message || e}`, true, url);
+  }
+  results.planShownMs = performance.now();
+}
+
+// A file opened in the viewer (picker or drop): a plan CSV, or a snapshot.
+function openFile(text, name) {
+  if (isPlanCsv(text, name)) { results.plan = renderPlanCsv(text, name); return; }
+  try { results.viewer = viewer.render(text, name); } catch (e) { $("viewer-summary").innerHTML = `<span class="bad">${name}: ${e.message}</span>`; }
 }
 
 // The browser took the GPU away: say so, show that devalloc now answers DeviceLost, offer to
@@ -296,13 +322,13 @@ async function onLost(message) {
 async function main() {
   const wasm = init();
   viewer.setReplayer(async (json, index, limit) => { await wasm; return replay_snapshot(json, index, limit); });
-  viewer.acceptFiles((text, name) => {
-    try { results.viewer = viewer.render(text, name); } catch (e) { $("viewer-summary").innerHTML = `<span class="bad">${name}: ${e.message}</span>`; }
-  });
+  viewer.acceptFiles(openFile);
   $("restart").addEventListener("click", () => location.reload());
-  const url = new URLSearchParams(location.search).get("snapshot");
+  const params = new URLSearchParams(location.search);
+  const url = params.get("snapshot"), planUrl = params.get("plan");
   try {
     if (url) await snapshotFromUrl(url);
+    if (planUrl) await planFromUrl(planUrl);
     await wasm;
     status("opening the GPU…", "running");
     const dv = await Devalloc.init((message) => onLost(message));

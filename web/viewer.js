@@ -2,8 +2,11 @@
 // that the page's own allocator gives): allocations stacked in the order events happened (each
 // coloured by its label, planned buffers outlined), what is reserved but not in use (the cache
 // and size-class rounding) as a gray band up to the reserved line, the largest allocations at
-// the peak, the table of events, and a replay of the history under a memory limit.
+// the peak, the table of events, and a replay of the history under a memory limit. Memory
+// plans (the page's network's, or a plan CSV) are drawn by plan.js, below the timeline.
 import { human, exact, byteTicks, countTicks, parseBytes, PALETTE, OTHER } from "./format.js";
+
+export { lastPlan } from "./plan.js";
 
 const hex = (a) => "0x" + BigInt(a).toString(16);
 const $ = (id) => document.getElementById(id);
@@ -302,10 +305,10 @@ export function render(snapshot, source) {
   return result;
 }
 
-/// Lets a snapshot file be opened with the picker or dropped on the viewer, and the replay be
-/// run from its field (Enter) or button.
-export function acceptFiles(onSnapshot) {
-  const read = async (file) => onSnapshot(await file.text(), file.name);
+/// Lets a file (a snapshot, or a plan CSV) be opened with the picker or dropped on the viewer,
+/// and the replay be run from its field (Enter) or button. `onFile(text, name)` gets the file.
+export function acceptFiles(onFile) {
+  const read = async (file) => onFile(await file.text(), file.name);
   $("viewer-file").addEventListener("change", (e) => e.target.files[0] && read(e.target.files[0]));
   const zone = $("viewer");
   zone.addEventListener("dragover", (e) => { e.preventDefault(); zone.classList.add("drop"); });

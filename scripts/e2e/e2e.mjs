@@ -3,9 +3,11 @@
 // the demo says it is done, checks what it reports and that the console stayed clean, saves
 // screenshots, then takes the GPU away the way the browser would (GPUDevice.destroy() from JS,
 // or WEBGL_lose_context.loseContext()) and checks that the page says so and starts again.
+// The viewer's plan view: the page's network's plan (WebGPU), and plan CSVs opened through
+// the file picker (a small one, bad ones, one of 12,000 tensors), or --plan FILE by ?plan=.
 // Exit status 0 when every check holds. Usage: see scripts/e2e-web.
 import { spawn } from "node:child_process";
-import { mkdirSync, existsSync } from "node:fs";
+import { mkdirSync, existsSync, readFileSync } from "node:fs";
 import { createServer } from "node:net";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -21,10 +23,14 @@ const noWebgpu = flag("--no-webgpu");
 // --snapshot FILE: a snapshot (e.g. from `cargo run --example tour -- --snapshot FILE`) under
 // the repository, opened in the page's viewer through ?snapshot=.
 const snapshotFile = fromCaller(value("--snapshot", null));
+// --plan FILE: a plan CSV (e.g. from `cargo run --release --example plan -- IN.csv --out DIR`)
+// under the repository, opened in the viewer's plan view through ?plan=.
+const planFile = fromCaller(value("--plan", null));
 const out = (name) => join(ROOT, "target", "web-e2e", `${name}${noWebgpu ? "-webgl" : ""}.png`);
 const timelineShot = fromCaller(value("--timeline", out("timeline")));
 const shot = fromCaller(value("--screenshot", out("demo")));
 const lostShot = fromCaller(value("--lost-screenshot", shot.replace(/\.png$/, "-lost.png")));
+const planShot = out("plan"), planCsvShot = out("plan-csv"), planLargeShot = out("plan-large");
 const expectBackend = noWebgpu ? "gl" : "webgpu";
 const browserPath = process.env.CHROMIUM || "/usr/bin/chromium";
 
@@ -80,15 +86,58 @@ function judge(lines, allowed, phase) {
   return bad;
 }
 
+// A plan of `n` tensors, each live for 3 steps, in 3 slots: valid, `n` tensors drawn.
+function bigPlan(n) {
+  const lines = ["id,lower,upper,size,offset"];
+  for (let i = 0; i < n; i++) lines.push(`t${i},${i},${i + 3},${4096 + (i % 7) * 1024},${(i % 3) * 16384}`);
+  return lines.join("\n") + "\n";
+}
+
+// Plan CSVs opened through the viewer's file picker (the path a dropped file takes too).
+async function planFiles(page) {
+  const open = async (name, text) => {
+    await page.setInputFiles("#viewer-file", { name, mimeType: "text/csv", buffer: Buffer.from(text) });
+    await page.waitForFunction((n) => { const p = window.devallocViewer.lastPlan(); return p && p.source === n; }, name, { timeout: 30_000 });
+    return page.evaluate(() => ({ ...window.devallocViewer.lastPlan(), summary: document.getElementById("plan-summary").textContent, shown: !document.getElementById("plan").hidden }));
+  };
+  // Steps 1-3 hold 768 bytes each; d sits above the rest: 1280 bytes, 1.67x.
+  const small = "id,lower,upper,size,offset\na,0,2,256,0\nb,1,3,512,256\nc,2,4,256,0\nd,3,5,512,768\n";
+  const p = await open("small-plan.csv", small);
+  check(`a plan CSV opened with the picker is drawn: ${p.drawn} tensors, planned ${p.size}, lower bound ${p.lowerBound}, one after another ${p.unplanned}: "${p.summary}"`,
+    p.shown && p.drawn === 4 && p.size === 1280 && p.lowerBound === 768 && p.unplanned === 1536 && p.overlaps === 0
+    && p.summary.includes("planned 1.25 KiB = 1.67x the lower bound") && p.summary.includes("one after another it would take 1.5 KiB"));
+  await page.locator("#plan-view").screenshot({ path: planCsvShot });
+  const bad = [
+    ["backwards.csv", "id,lower,upper,size,offset\n0,0,4,100,0\n1,3,2,50,100\n", /^backwards\.csv:3: buffer 1: lower 3 is not below upper 2$/],
+    ["problem.csv", "id,lower,upper,size\n0,0,4,100\n", /^problem\.csv:1: no `offset` column: this is a planning problem/],
+    ["words.csv", "id,lower,upper,size,offset\n0,0,4,lots,0\n", /^words\.csv:2: `size` is not a whole number: "lots"$/],
+  ];
+  for (const [name, text, want] of bad) {
+    const r = await open(name, text);
+    check(`a bad plan CSV is refused in words naming its line, nothing drawn: ${r.summary}`, want.test(r.error || "") && r.summary === r.error && !r.shown);
+  }
+  const o = await open("overlap.csv", "id,lower,upper,size,offset\n0,0,2,100,0\n1,1,3,100,50\n");
+  check(`a plan whose tensors overlap is drawn and called invalid: ${o.summary}`, o.shown && o.overlaps === 1 && /not a valid plan/.test(o.summary));
+  const n = 12000;
+  const big = await open("decode-12k.csv", bigPlan(n));
+  check(`a plan of ${n} tensors is read and drawn in ${big.ms && big.ms.toFixed(0)} ms (under 1 s), none overlapping`, big.drawn === n && big.overlaps === 0 && big.ms < 1000);
+  await page.locator("#plan-view").screenshot({ path: planLargeShot });
+  console.log(`e2e: plan CSVs: ${p.summary} | ${n} tensors: ${big.ms.toFixed(0)} ms; screenshots ${planCsvShot}, ${planLargeShot}`);
+}
+
 const port = await freePort();
 const server = spawn("python3", ["-m", "http.server", "--bind", "127.0.0.1", String(port)], { cwd: ROOT, stdio: "ignore" });
 let browser;
 let results = {};
 let lostResults = null;
 try {
-  const rel = snapshotFile ? resolve(snapshotFile).slice(ROOT.length + 1) : null;
-  if (snapshotFile && !resolve(snapshotFile).startsWith(ROOT + "/")) throw new Error("--snapshot: the file must be under the repository (the page can only fetch from there)");
-  const url = `http://127.0.0.1:${port}/index.html${rel ? `?snapshot=${encodeURIComponent(rel)}` : ""}`;
+  const query = new URLSearchParams();
+  for (const [key, file] of [["snapshot", snapshotFile], ["plan", planFile]]) {
+    if (!file) continue;
+    if (!resolve(file).startsWith(ROOT + "/")) throw new Error(`--${key}: the file must be under the repository (the page can only fetch from there)`);
+    query.set(key, resolve(file).slice(ROOT.length + 1));
+  }
+  const url = `http://127.0.0.1:${port}/index.html${String(query) ? `?${query}` : ""}`;
   await waitForServer(url, 30_000);
   browser = await chromium.launch({
     executablePath: browserPath,
@@ -162,7 +211,11 @@ try {
   mkdirSync(dirname(shot), { recursive: true });
   await page.screenshot({ path: shot, fullPage: true });
   await page.locator("#viewer").screenshot({ path: timelineShot });
-  console.log(`e2e: screenshots ${shot}, ${timelineShot}`);
+  const ownPlan = results.plan || {};
+  if (ownPlan.drawn) await page.locator("#plan-view").screenshot({ path: planShot });
+  console.log(`e2e: screenshots ${shot}, ${timelineShot}${ownPlan.drawn ? `, ${planShot}` : ""}`);
+  if (ownPlan.text || ownPlan.none || ownPlan.error) console.log(`e2e: plan view: ${ownPlan.text || ownPlan.none || ownPlan.error}`);
+  if (title) await planFiles(page);
   const whileRunning = judge(consoleLines, ALLOWED_WHILE_RUNNING, "while the page ran");
   check(`the console stayed clean while the page ran (${whileRunning.length} warnings or errors, listed above)`, whileRunning.length === 0);
   if (snapshotFile) {
@@ -172,6 +225,11 @@ try {
     const reserved = new Set(steps.slice(from).map((s) => s[4]));
     check(`the tour's reserved bytes are drawn flat from step 1 (event ${from >= 0 ? steps[from][0] : "?"}) on: ${[...reserved].join(", ")}`, from > 0 && reserved.size === 1);
     check("the tour's history accounts for every byte reserved at the end", steps.length && steps[steps.length - 1][4] === results.viewer.shown.reservedNow);
+  }
+  if (planFile) {
+    const rows = readFileSync(planFile, "utf8").split("\n").filter((l) => l.trim()).length - 1;
+    check(`the plan ${planFile} was drawn through ?plan= within 2 s of loading the page (${results.planShownMs && results.planShownMs.toFixed(0)} ms): ${ownPlan.drawn} of its ${rows} tensors, no two overlapping, ${ownPlan.ratio}x the lower bound`,
+      results.planShownMs > 0 && results.planShownMs < 2000 && ownPlan.drawn === rows && ownPlan.overlaps === 0 && ownPlan.ratio >= 1 && ownPlan.source.endsWith(planFile.split("/").pop()));
   }
 
   // The browser takes the GPU away.
@@ -245,12 +303,22 @@ check(snapshotFile ? `the viewer drew the snapshot ${snapshotFile}` : "the viewe
   v.shown && v.shown.events > 0 && v.shown.peakBytes > 0 && (!snapshotFile || v.source.includes(snapshotFile.split("/").pop())));
 check(`every label of the viewer has a colour of its own, none gray (${v.shown && v.shown.coloured} of ${v.shown && v.shown.labels} labels in ${v.shown && v.shown.families} colour groups)`, v.shown && v.shown.coloured === v.shown.labels);
 if (!snapshotFile && !noWebgpu) check("the viewer outlines the network's planned buffer", v.shown && v.shown.planned > 0);
-if (noWebgpu) check(`the network is refused for want of compute shaders, on gl: ${results.networkSkipped}`, /not supported on gl/.test(results.networkSkipped || "") && /compute shaders/.test(results.networkSkipped || "") && !results.network);
-else {
+const plan = results.plan || {};
+if (noWebgpu) {
+  check(`the network is refused for want of compute shaders, on gl: ${results.networkSkipped}`, /not supported on gl/.test(results.networkSkipped || "") && /compute shaders/.test(results.networkSkipped || "") && !results.network);
+  if (!planFile) check(`the plan view says why the page has no plan of its own: ${plan.none}`, /WebGL2 lacks/.test(plan.none || "") && !plan.drawn);
+} else {
   check("the network on a memory plan matched the CPU", results.network && results.network.maxError < 1e-3);
   const n = results.network || {};
   check(`the plan reuses memory: ${n.plannedBytes} bytes planned, ${n.lowerBound} live at most, ${n.unplannedBytes} one after another`,
     n.plannedBytes >= n.lowerBound && n.plannedBytes < n.unplannedBytes);
+  if (!planFile) {
+    const tensors = n.tensors || [];
+    const ratio = n.plannedBytes / n.lowerBound;
+    check(`the viewer draws the network's plan: ${plan.drawn} of its ${tensors.length} tensors, its size (${plan.size}) and lower bound (${plan.lowerBound}, computed in JS) the planner's, "${ratio.toFixed(2)}x the lower bound" stated`,
+      tensors.length > 0 && plan.drawn === tensors.length && plan.size === n.plannedBytes && plan.lowerBound === n.lowerBound
+      && plan.overlaps === 0 && (plan.text || "").includes(`${ratio.toFixed(2)}x the lower bound`));
+  }
 }
 if (v.shown) console.log(`e2e: viewer: ${v.source}: ${v.shown.device}, ${v.shown.events} events, peak ${v.shown.peakBytes} allocated / ${v.shown.peakReserved} reserved, ${v.shown.labels} labels`);
 
