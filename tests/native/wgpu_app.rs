@@ -16,6 +16,18 @@ pub(crate) const BACKENDS: [wgpu::Backend; 2] = [wgpu::Backend::Vulkan, wgpu::Ba
 
 /// The app's own device and queue on `backend`, as a wgpu app would open them.
 pub(crate) fn app_device(backend: wgpu::Backend) -> Option<(wgpu::Device, wgpu::Queue)> {
+    open_app_device(backend, wgpu::Features::empty())
+}
+
+/// A device opened with MAPPABLE_PRIMARY_BUFFERS where the adapter offers it (the direct route
+/// on lavapipe), else a plain one.
+pub(crate) fn app_device_mappable(backend: wgpu::Backend) -> Option<(wgpu::Device, wgpu::Queue)> {
+    open_app_device(backend, wgpu::Features::MAPPABLE_PRIMARY_BUFFERS)
+}
+
+/// A device of `backend` with those of `features` the adapter offers; `None`, saying so, where
+/// the backend has no adapter (under CI=true a failure).
+fn open_app_device(backend: wgpu::Backend, features: wgpu::Features) -> Option<(wgpu::Device, wgpu::Queue)> {
     conformance::logging::init_for_tests();
     let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
     desc.backends = backend.into();
@@ -29,7 +41,11 @@ pub(crate) fn app_device(backend: wgpu::Backend) -> Option<(wgpu::Device, wgpu::
             return None;
         }
     };
-    let desc = wgpu::DeviceDescriptor { required_limits: adapter.limits(), ..Default::default() };
+    let desc = wgpu::DeviceDescriptor {
+        required_features: adapter.features() & features,
+        required_limits: adapter.limits(),
+        ..Default::default()
+    };
     Some(pollster::block_on(adapter.request_device(&desc)).expect("device"))
 }
 
@@ -347,29 +363,4 @@ fn the_small_frictions_are_smooth() {
         drop(other);
         assert_eq!(a.stats(0).unwrap().live_allocations, 0);
     }
-}
-
-/// A device opened with MAPPABLE_PRIMARY_BUFFERS where the adapter offers it (the direct route
-/// on lavapipe), else a plain one; `None`, saying so, where the backend has no adapter (under
-/// CI=true a failure).
-pub(crate) fn app_device_mappable(backend: wgpu::Backend) -> Option<(wgpu::Device, wgpu::Queue)> {
-    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
-    desc.backends = backend.into();
-    let instance = wgpu::Instance::new(desc);
-    let adapter = match pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions::default()))
-    {
-        Ok(a) => a,
-        Err(e) if conformance::in_ci() => panic!("no {backend:?} adapter under CI: {e}"),
-        Err(e) => {
-            eprintln!("SKIPPED on {backend:?}: no adapter: {e}");
-            return None;
-        }
-    };
-    let features = adapter.features() & wgpu::Features::MAPPABLE_PRIMARY_BUFFERS;
-    let desc = wgpu::DeviceDescriptor {
-        required_features: features,
-        required_limits: adapter.limits(),
-        ..Default::default()
-    };
-    Some(pollster::block_on(adapter.request_device(&desc)).expect("device"))
 }
