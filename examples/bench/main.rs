@@ -25,6 +25,7 @@ mod history;
 #[path = "../support/logging.rs"]
 mod logging;
 mod peers;
+mod wgpu_calls;
 mod wgpu_routes;
 
 #[cfg(feature = "cuda")]

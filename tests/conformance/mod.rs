@@ -1,8 +1,8 @@
 //! The conformance suite: written once, run on every allocator (host, wgpu native and in the
 //! browser, CUDA).
 //!
-//! Each check (in `checks.rs`) is an `async fn(&dyn DeviceAllocator, DeviceIndex)` that panics
-//! on failure. It reads and writes through [`h2d`] / [`d2h`], which alternate between the
+//! Each check (in `checks.rs`; history, snapshots and steady state in `memory.rs`) is an
+//! `async fn(&dyn DeviceAllocator, DeviceIndex)` that panics on failure. It reads and writes through [`h2d`] / [`d2h`], which alternate between the
 //! blocking and the async copies on native (so both are exercised) and use only the async ones
 //! in the browser, where nothing may block. `model.rs` is the hostile model check: random
 //! sequences of valid and invalid operations against a plain model. [`conformance_tests!`]
@@ -15,6 +15,7 @@ pub mod checks;
 #[cfg(not(target_arch = "wasm32"))]
 #[path = "../../examples/support/logging.rs"]
 pub mod logging;
+pub mod memory;
 pub mod model;
 
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,0 +1,128 @@
+//! The conformance suite's memory checks (see the parent module): history and snapshots, and
+//! steady state (a repeating workload allocates nothing new from the device after warm-up).
+use devalloc::{DeviceAllocator, DeviceIndex, DevicePtr, DEFAULT_ALIGNMENT};
+
+use super::*;
+
+/// History records exactly what a scripted sequence did, the ring keeps the newest events, and
+/// the snapshot says what is live, cached and planned, and round-trips through its JSON.
+pub async fn history_and_snapshot(a: &'static dyn DeviceAllocator, i: DeviceIndex) {
+    use devalloc::snapshot::{EventKind, Snapshot};
+    // Only the device under test records (other devices of the allocator are quiet here).
+    a.record_history(100).unwrap();
+    let hits0 = a.stats(i).unwrap().cache_hits;
+    let x = a.allocate(300, i, DEFAULT_ALIGNMENT).unwrap();
+    h2d(a, x, &[7u8; 16], i).await.unwrap();
+    let _ = read(a, x, 16, i).await;
+    let y = a.allocate(5000, i, DEFAULT_ALIGNMENT).unwrap();
+    a.deallocate(x, i).unwrap();
+    let z = a.allocate(300, i, DEFAULT_ALIGNMENT).unwrap();
+    let z_hit = a.stats(i).unwrap().cache_hits > hits0;
+    d2d(a, z, i, y, i, 64).await.unwrap();
+    let planned = a.init_buffer(5, 1000, i).unwrap();
+    a.release_buffers(i).unwrap();
+    a.deallocate(y, i).unwrap();
+    let snap = a.snapshot().unwrap();
+    let dev =
+        snap.devices.iter().find(|d| d.device == format!("{}:{i}", a.device_type())).expect("this device");
+    let h = dev.history.as_ref().expect("recording is on");
+    let kinds: Vec<&str> = h
+        .events
+        .iter()
+        .map(|e| match &e.kind {
+            EventKind::Alloc { .. } => "alloc",
+            EventKind::Free { .. } => "free",
+            EventKind::PlannedBuffer { .. } => "planned_buffer",
+            EventKind::ReleaseBuffers { .. } => "release_buffers",
+            EventKind::EmptyCache { .. } => "empty_cache",
+            EventKind::Evict { .. } => "evict",
+            EventKind::OutOfMemory { .. } => "out_of_memory",
+            _ => "other",
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        ["alloc", "alloc", "free", "alloc", "alloc", "planned_buffer", "release_buffers", "free", "free"],
+        "{:#?}",
+        h.events
+    );
+    match &h.events[0].kind {
+        EventKind::Alloc { addr, size, from_cache, .. } => {
+            assert_eq!((*addr, *size), (x.addr(), 300));
+            let _ = from_cache;
+        }
+        e => panic!("{e:?}"),
+    }
+    assert!(
+        matches!(&h.events[3].kind, EventKind::Alloc { addr, from_cache, .. } if *addr == z.addr() && *from_cache == z_hit)
+    );
+    assert!(
+        matches!(&h.events[5].kind, EventKind::PlannedBuffer { memory_id: 5, addr, size: 1000 } if *addr == planned.addr())
+    );
+    assert!(h.events.windows(2).all(|w| w[0].seq + 1 == w[1].seq && w[0].time_us <= w[1].time_us));
+    assert_eq!((h.copies.host_to_device.count, h.copies.host_to_device.bytes), (1, 16));
+    assert!(h.copies.device_to_host.count >= 1 && h.copies.device_to_host.bytes >= 16);
+    assert_eq!((h.copies.device_to_device.count, h.copies.device_to_device.bytes), (1, 64));
+    // What is live now: z alone.
+    assert!(dev.live.iter().any(|l| l.addr == z.addr() && l.size == 300), "{:?}", dev.live);
+    assert!(dev.planned.is_empty());
+    assert_eq!(dev.stats, a.stats(i).unwrap());
+    // The JSON round-trips.
+    let back = Snapshot::from_json(&snap.to_json()).unwrap();
+    assert_eq!(back, snap);
+    assert!(Snapshot::from_json("{\"format\":\"other\"}").is_err());
+    // The ring keeps the newest events.
+    a.record_history(3).unwrap();
+    let ptrs: Vec<DevicePtr> = (0..5).map(|k| a.allocate(64 + k, i, DEFAULT_ALIGNMENT).unwrap()).collect();
+    let snap = a.snapshot().unwrap();
+    let dev = snap.devices.iter().find(|d| d.device == format!("{}:{i}", a.device_type())).unwrap();
+    let h = dev.history.as_ref().unwrap();
+    assert_eq!((h.events.len(), h.dropped), (3, 2));
+    let sizes: Vec<u64> = h
+        .events
+        .iter()
+        .map(|e| match e.kind {
+            EventKind::Alloc { size, .. } => size,
+            _ => 0,
+        })
+        .collect();
+    assert_eq!(sizes, [66, 67, 68], "the newest three");
+    for p in ptrs {
+        a.deallocate(p, i).unwrap();
+    }
+    // Off again: nothing recorded.
+    a.record_history(0).unwrap();
+    assert!(a.snapshot().unwrap().devices.iter().all(|d| d.history.is_none()));
+    a.deallocate(z, i).unwrap();
+}
+
+/// Steady state: a workload that repeats the same shapes step after step, each step under new
+/// labels, makes no device allocation after its first step (labels never keep a freed block
+/// from being reused), and reserves no more in later steps than in the first. Skipped, saying
+/// so, for an allocator made with caching off (`PoolOptions { caching: false, .. }`).
+pub async fn steady_state(a: &'static dyn DeviceAllocator, i: DeviceIndex) {
+    let shapes = [256usize, 4096, 65_536 + 12, 1 << 20, (3 << 18) + 5];
+    let mut misses = Vec::new();
+    let mut reserved = Vec::new();
+    for step in 0..4 {
+        let mut ptrs = Vec::new();
+        for (t, &n) in shapes.iter().enumerate() {
+            let p = a.allocate_labeled(n, i, DEFAULT_ALIGNMENT, &format!("t{t}.step{step}")).unwrap();
+            h2d(a, p, &pattern(n.min(4096), step as u64), i).await.unwrap();
+            ptrs.push(p);
+        }
+        let s = a.stats(i).unwrap();
+        reserved.push(s.reserved_bytes);
+        for p in ptrs {
+            a.deallocate(p, i).unwrap();
+        }
+        let s = a.stats(i).unwrap();
+        if step == 0 && s.cached_bytes == 0 {
+            eprintln!("SKIPPED steady_state on {}:{i}: the allocator does not cache", a.device_type());
+            return;
+        }
+        misses.push(s.cache_misses);
+    }
+    assert!(misses.iter().all(|&m| m == misses[0]), "device allocations after each step: {misses:?}");
+    assert!(reserved.iter().all(|&r| r == reserved[0]), "reserved during each step: {reserved:?}");
+}
