@@ -1,7 +1,8 @@
 //! "Would it fit?": replays an allocation history through a real allocator and says what it
 //! held, how often it asked the device, when it stopped asking, and (with `--find-limit`) the
 //! smallest memory limit under which all of it fits, each beside the lower bound (the most bytes
-//! live at once).
+//! live at once) and beside what PyTorch's CUDA caching allocator would do with the same
+//! history (`devalloc::replay::pytorch_replay`, a model of its default policy).
 //!
 //!     cargo run --release --example replay -- FILE... [--backend host|vulkan|gl] [--limit BYTES] [--find-limit]
 //!
@@ -11,13 +12,14 @@
 //! scripts can read:
 //!
 //!     replay: file=NAME backend=B lower_bound=N peak_live=N peak_reserved=N device_allocs=N steady_after=STEP [min_limit=N ratio=X]
+//!             pytorch_peak_reserved=N [pytorch_min_limit=N pytorch_ratio=X]
 #[path = "support/logging.rs"]
 mod logging;
 
 use std::process::ExitCode;
 
 use devalloc::plan::Instance;
-use devalloc::replay::{find_min_limit, replay, Trace};
+use devalloc::replay::{find_min_limit, pytorch_min_limit, pytorch_replay, replay, Trace};
 use devalloc::snapshot::Snapshot;
 use devalloc::wgpu::{WgpuAllocator, WgpuOptions};
 use devalloc::{HostAllocator, PoolOptions};
@@ -103,6 +105,18 @@ fn run<T: devalloc::backend::Pooled>(
     if let Some(b) = r.backend_peak_reserved {
         println!("  backend        {:>12}  {:.3}x (the backend's own report)", b, ratio(b));
     }
+    let torch = pytorch_replay(trace, args.limit)?;
+    println!(
+        "  PyTorch's policy: peak reserved {} ({:.3}x), {} segments{}",
+        torch.peak_reserved,
+        ratio(torch.peak_reserved),
+        torch.segments,
+        match (args.limit, torch.failed_at) {
+            (Some(_), Some(step)) => format!("; under the limit it fails first at step {step}"),
+            (Some(_), None) => "; under the limit it replays whole".into(),
+            _ => String::new(),
+        }
+    );
     let steady = r.steady_after.map_or("none".to_string(), |s| s.to_string());
     println!(
         "  device allocations {}, cache hits {}, no device allocation after step {steady}",
@@ -120,6 +134,12 @@ fn run<T: devalloc::backend::Pooled>(
             }
             None => println!("  no limit: the replay fails even without one"),
         }
+    }
+    line += &format!(" pytorch_peak_reserved={}", torch.peak_reserved);
+    if args.find_limit {
+        let min = pytorch_min_limit(trace)?;
+        println!("  PyTorch's smallest limit {:>12}  {:.3}x", min, ratio(min));
+        line += &format!(" pytorch_min_limit={min} pytorch_ratio={:.3}", ratio(min));
     }
     println!("{line}");
     Ok(())

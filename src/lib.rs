@@ -83,7 +83,9 @@
 //!   (`one_after_another`, `greedy_by_size`, `executorch_greedy`), `TensorLife`, `MemoryPlan`,
 //!   and MiniMalloc's CSV format (`Instance`).
 //! - **[`replay`]**: "would it fit?": a recorded history (or buffers with lifetimes) replayed
-//!   through a real allocator (`Trace`, `replay`, `find_min_limit`, `ReplayReport`).
+//!   through a real allocator (`Trace`, `TraceEvent`, `replay`, `find_min_limit`,
+//!   `ReplayReport`, `ReplayFailure`), beside the peer, a model of PyTorch's caching allocator
+//!   (`pytorch_replay`, `pytorch_min_limit`, `PyTorchReport`).
 //! - **Host memory**: [`HostAllocator`], with the pool settings every built-in allocator shares,
 //!   [`PoolOptions`].
 //! - **[`wgpu`]** (a wgpu feature): `WgpuAllocator`, `WgpuOptions`, `Route`, `BufferRequest`,

@@ -8,6 +8,11 @@
 //! through an allocator of devalloc's (any [`Pooled`] one: host memory, wgpu, CUDA) and says
 //! what the allocator held and did; [`find_min_limit`] bisects the memory limit. The lower
 //! bound of a trace is the most bytes live at once: no allocator can do with less.
+//!
+//! The peer: [`pytorch_replay`] and [`pytorch_min_limit`] run the same trace through a model
+//! of PyTorch's CUDA caching allocator with its default settings (what the model follows is
+//! on [`pytorch_replay`]), so that a replay says how devalloc's pool compares with the policy
+//! most ML users know.
 
 use std::collections::HashMap;
 
@@ -19,6 +24,9 @@ use crate::pooled_allocator::Pooled;
 use crate::ptr::DevicePtr;
 use crate::snapshot::{EventKind, HistorySnapshot};
 use crate::storage::Storage;
+
+mod pytorch;
+pub use pytorch::{pytorch_min_limit, pytorch_replay, PyTorchReport};
 
 /// One thing a trace does.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -235,29 +243,41 @@ pub fn find_min_limit<T: Pooled>(
     if free_run.failure.is_some() {
         return Ok(None);
     }
-    let fits = |limit: u64, make: &mut dyn FnMut() -> Result<T>| -> Result<bool> {
+    let fits = |limit: u64| -> Result<bool> {
         let a = make()?;
         a.pooled().set_memory_limit(Some(limit), index)?;
         Ok(replay(&a, trace, index)?.failure.is_none())
     };
-    let (mut lo, mut hi) = (trace.lower_bound().saturating_sub(1), free_run.peak_reserved.max(1));
-    if !fits(hi, &mut make)? {
-        // Caching can want more than its unlimited peak once the limit makes it evict: widen.
-        while !fits(hi, &mut make)? {
-            lo = hi;
-            hi = hi.saturating_mul(2);
+    bisect_limit(trace.lower_bound(), free_run.peak_reserved, fits).map(Some)
+}
+
+/// The smallest limit (to within `lower_bound / 1000`, at least 256 bytes) for which `fits`
+/// holds, searched from `lower_bound` up, starting from `unlimited_peak` (what the allocator
+/// held without a limit, where it must fit unless a limit makes caching want more).
+fn bisect_limit(
+    lower_bound: u64,
+    unlimited_peak: u64,
+    mut fits: impl FnMut(u64) -> Result<bool>,
+) -> Result<u64> {
+    let (mut lo, mut hi) = (lower_bound.saturating_sub(1), unlimited_peak.max(1));
+    // Caching can want more than its unlimited peak once the limit makes it evict: widen.
+    while !fits(hi)? {
+        if hi == u64::MAX {
+            return Err(Error::invalid_argument("no memory limit lets the trace replay"));
         }
+        lo = hi;
+        hi = hi.saturating_mul(2);
     }
-    let step = (trace.lower_bound() / 1000).max(256);
+    let step = (lower_bound / 1000).max(256);
     while hi - lo > step {
         let mid = lo + (hi - lo) / 2;
-        if fits(mid, &mut make)? {
+        if fits(mid)? {
             hi = mid;
         } else {
             lo = mid;
         }
     }
-    Ok(Some(hi))
+    Ok(hi)
 }
 
 #[cfg(test)]
