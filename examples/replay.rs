@@ -107,7 +107,7 @@ fn run<T: devalloc::backend::Pooled>(
     }
     let torch = pytorch_replay(trace, args.limit)?;
     println!(
-        "  PyTorch's policy: peak reserved {} ({:.3}x), {} segments{}",
+        "  PyTorch's policy: peak reserved {} ({:.3}x), {} segment(s) asked for{}",
         torch.peak_reserved,
         ratio(torch.peak_reserved),
         torch.segments,
@@ -138,7 +138,7 @@ fn run<T: devalloc::backend::Pooled>(
     line += &format!(" pytorch_peak_reserved={}", torch.peak_reserved);
     if args.find_limit {
         let min = pytorch_min_limit(trace)?;
-        println!("  PyTorch's smallest limit {:>12}  {:.3}x", min, ratio(min));
+        println!("  PyTorch's policy: smallest limit {min} ({:.3}x)", ratio(min));
         line += &format!(" pytorch_min_limit={min} pytorch_ratio={:.3}", ratio(min));
     }
     println!("{line}");

@@ -233,7 +233,9 @@ fn replay_events<T: Pooled>(
 /// The smallest memory limit (to within `lower_bound / 1000`, at least 256 bytes) under which
 /// all of `trace` replays on a fresh allocator from `make` without an error; bisected between
 /// the trace's lower bound and the peak reserved of an unlimited replay. `None` when even the
-/// unlimited replay fails.
+/// unlimited replay fails. The bisection takes a limit to fit whenever a smaller one does, which
+/// a caching policy need not honour on every trace (see [`pytorch_min_limit`]): what is
+/// returned always fits.
 pub fn find_min_limit<T: Pooled>(
     mut make: impl FnMut() -> Result<T>,
     trace: &Trace,
