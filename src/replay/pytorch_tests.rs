@@ -240,7 +240,7 @@ fn the_limit_found_always_fits() {
         }
         let t = trace(events);
         let min = pytorch_min_limit(&t).unwrap();
-        assert!(min >= t.lower_bound() && min % (2 * MIB) == 0, "{min}");
+        assert!(min >= t.lower_bound() && min.is_multiple_of(2 * MIB), "{min}");
         assert_eq!(pytorch_replay(&t, Some(min)).unwrap().failed_at, None, "{min}");
     }
 }
