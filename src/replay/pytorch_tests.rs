@@ -14,6 +14,16 @@ fn trace(events: Vec<(u64, TraceEvent)>) -> Trace {
     Trace { events, orphan_frees: 0 }
 }
 
+/// A fixed stream of pseudo-random numbers (xorshift): `next(n)` is below `n`.
+fn numbers(mut seed: u64) -> impl FnMut(u64) -> u64 {
+    move |n| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    }
+}
+
 fn run(events: Vec<(u64, TraceEvent)>, limit: Option<u64>) -> PyTorchReport {
     pytorch_replay(&trace(events), limit).unwrap()
 }
@@ -153,13 +163,7 @@ fn zero_bytes_take_nothing_as_in_pytorch() {
 /// reserved is the sum of the segments.
 #[test]
 fn random_traces_keep_the_model_consistent() {
-    let mut seed = 0x2545_f491_4f6c_dd1du64;
-    let mut next = move |n: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % n
-    };
+    let mut next = numbers(0x2545_f491_4f6c_dd1du64);
     for round in 0..200 {
         let limit = (round % 3 == 0).then(|| 24 * MIB + next(40) * MIB);
         let mut model = Model { limit, ..Model::default() };
@@ -218,13 +222,7 @@ fn check(m: &Model) {
 /// the trace replays under it.
 #[test]
 fn the_limit_found_always_fits() {
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move |n: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % n
-    };
+    let mut next = numbers(0x9e37_79b9_7f4a_7c15u64);
     for _ in 0..60 {
         let mut events = Vec::new();
         let mut live = Vec::new();
