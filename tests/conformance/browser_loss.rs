@@ -50,15 +50,7 @@ impl Heard {
 
 /// Lets the browser run a task (timers, promises of the GPU process, events).
 pub async fn next_task() {
-    let promise = js_sys::Promise::new(&mut |resolve, _| {
-        let global = js_sys::global();
-        let set_timeout = js_sys::Reflect::get(&global, &"setTimeout".into())
-            .ok()
-            .and_then(|f| f.dyn_into::<js_sys::Function>().ok())
-            .expect("setTimeout");
-        set_timeout.call2(&global, &resolve, &0.into()).expect("setTimeout(resolve, 0)");
-    });
-    let _ = wasm_bindgen_futures::JsFuture::from(promise).await;
+    sleep(0).await
 }
 
 /// Waits `ms` milliseconds.

@@ -375,16 +375,7 @@ fn a_panic_inside_a_poll_is_a_loss_only_once_the_device_is_invalid() {
             let what = format!("{backend:?} {route:?}");
             let p = a.allocate(4096, 0, DEFAULT_ALIGNMENT).unwrap();
             a.copy_host_to_device(p, &[9u8; 4096], 0).unwrap();
-            let panicking_map = || {
-                let b = device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("app's buffer"),
-                    size: 16,
-                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                    mapped_at_creation: false,
-                });
-                b.slice(..).map_async(wgpu::MapMode::Read, |_| panic!("the app's map callback panics"));
-                b
-            };
+            let panicking_map = || crate::wgpu_hostile::panicking_map(&device);
             // Healthy: the next poll (devalloc's range check) runs the callback, which panics.
             let _b = panicking_map();
             a.check_range(p, 4096, 0).unwrap_or_else(|e| panic!("{what}: after a panic in a poll: {e}"));

@@ -56,7 +56,7 @@ pub(crate) fn heard(watch: &Watched) -> (usize, Vec<String>) {
 
 /// A buffer of the app's whose map callback panics (wgpu runs ready map callbacks from
 /// `Device::poll` and `Queue::submit`: here, from inside devalloc's calls).
-fn panicking_map(device: &wgpu::Device) -> wgpu::Buffer {
+pub(crate) fn panicking_map(device: &wgpu::Device) -> wgpu::Buffer {
     let b = device.create_buffer(&wgpu::BufferDescriptor {
         label: Some("app's buffer"),
         size: 16,
