@@ -1,0 +1,181 @@
+//! Status codes, the thread-local last error, and [`guard`]: how every call's `Result` (or
+//! panic) becomes what C sees.
+
+use std::cell::RefCell;
+use std::ffi::{c_char, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use devalloc::Error;
+
+/// What a devalloc call returns: `DEVALLOC_STATUS_OK` (0), or why it failed. On failure,
+/// `devalloc_last_error()` gives the message on the same thread.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DevallocStatus {
+    /// The call succeeded.
+    Ok = 0,
+    /// An argument is invalid: a zero size, a bad alignment, a null host pointer, an unknown
+    /// device type, a size past `PTRDIFF_MAX`.
+    InvalidArgument = 1,
+    /// No room now, on the device or under its memory limit (the message says what is held).
+    OutOfMemory = 2,
+    /// The request can never fit on the device (or under its limit).
+    TooLarge = 3,
+    /// Nothing to serve the call: no allocator open for that device type (no driver, no
+    /// device, or not built in).
+    NotFound = 4,
+    /// The device index is not one of that type's devices.
+    NoSuchDevice = 5,
+    /// A device pointer that is null, unknown (foreign), freed (a double free or a use after
+    /// free), of another device, or (for a free) not the start of its allocation.
+    InvalidPointer = 6,
+    /// A copy runs past the end of the allocation its pointer lies in.
+    OutOfBounds = 7,
+    /// The operation is not supported by that device type's allocator.
+    NotSupported = 8,
+    /// The device was lost; every later call on it fails so.
+    DeviceLost = 9,
+    /// The backend (driver, wgpu) failed otherwise.
+    Backend = 10,
+    /// A file could not be written (snapshots).
+    Io = 11,
+    /// A bug in devalloc: a panic, caught at the boundary (nothing reached C). The call had no
+    /// effect that can be relied on; the message says where it happened.
+    Internal = 12,
+}
+
+impl DevallocStatus {
+    /// The status of a devalloc error.
+    pub fn of(error: &Error) -> Self {
+        match error {
+            Error::InvalidArgument { .. } => DevallocStatus::InvalidArgument,
+            Error::OutOfMemory { .. } => DevallocStatus::OutOfMemory,
+            Error::TooLarge { .. } => DevallocStatus::TooLarge,
+            Error::NotFound { .. } => DevallocStatus::NotFound,
+            // The C ABI opens allocators itself and never registers twice; a second `open` is Ok.
+            Error::AlreadyRegistered { .. } => DevallocStatus::Internal,
+            Error::NoSuchDevice { .. } => DevallocStatus::NoSuchDevice,
+            Error::InvalidPointer { .. } => DevallocStatus::InvalidPointer,
+            Error::OutOfBounds { .. } => DevallocStatus::OutOfBounds,
+            Error::NotSupported { .. } => DevallocStatus::NotSupported,
+            Error::DeviceLost { .. } => DevallocStatus::DeviceLost,
+            _ => DevallocStatus::Backend,
+        }
+    }
+
+    /// The constant's name without its prefix, as a static C string (`"OUT_OF_MEMORY"`).
+    pub fn name(self) -> &'static std::ffi::CStr {
+        match self {
+            DevallocStatus::Ok => c"OK",
+            DevallocStatus::InvalidArgument => c"INVALID_ARGUMENT",
+            DevallocStatus::OutOfMemory => c"OUT_OF_MEMORY",
+            DevallocStatus::TooLarge => c"TOO_LARGE",
+            DevallocStatus::NotFound => c"NOT_FOUND",
+            DevallocStatus::NoSuchDevice => c"NO_SUCH_DEVICE",
+            DevallocStatus::InvalidPointer => c"INVALID_POINTER",
+            DevallocStatus::OutOfBounds => c"OUT_OF_BOUNDS",
+            DevallocStatus::NotSupported => c"NOT_SUPPORTED",
+            DevallocStatus::DeviceLost => c"DEVICE_LOST",
+            DevallocStatus::Backend => c"BACKEND",
+            DevallocStatus::Io => c"IO",
+            DevallocStatus::Internal => c"INTERNAL",
+        }
+    }
+}
+
+/// A failure on its way to C: a devalloc error, or one the boundary found itself.
+#[derive(Debug)]
+pub struct Failure {
+    status: DevallocStatus,
+    message: String,
+}
+
+impl Failure {
+    /// A failure with this status and message.
+    pub fn new(status: DevallocStatus, message: impl Into<String>) -> Self {
+        Failure { status, message: message.into() }
+    }
+
+    /// An invalid argument, said so.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Failure::new(DevallocStatus::InvalidArgument, message)
+    }
+}
+
+impl From<Error> for Failure {
+    fn from(e: Error) -> Self {
+        Failure { status: DevallocStatus::of(&e), message: e.to_string() }
+    }
+}
+
+/// What the boundary's helpers return.
+pub type Outcome<T = ()> = Result<T, Failure>;
+
+thread_local! {
+    /// The message of this thread's last failed call (NUL-terminated for C).
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+/// Runs `call` and turns its result into a status: Ok, its failure (whose message becomes this
+/// thread's last error), or a caught panic ([`DevallocStatus::Internal`]). Nothing unwinds
+/// past it.
+pub fn guard(call: impl FnOnce() -> Outcome) -> DevallocStatus {
+    let failure = match catch_unwind(AssertUnwindSafe(call)) {
+        Ok(Ok(())) => return DevallocStatus::Ok,
+        Ok(Err(failure)) => failure,
+        Err(payload) => {
+            let what = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".into());
+            log::error!("devalloc: a panic was caught at the C boundary: {what}");
+            Failure::new(DevallocStatus::Internal, format!("internal error (a bug in devalloc): {what}"))
+        }
+    };
+    set_last_error(&failure.message);
+    failure.status
+}
+
+/// Makes `message` this thread's last error (a NUL inside it ends it early).
+fn set_last_error(message: &str) {
+    let text = message.split('\0').next().unwrap_or_default();
+    let text = CString::new(text).unwrap_or_default();
+    // A thread being torn down has no thread-locals left: its message is dropped.
+    let _ = LAST_ERROR.try_with(|slot| *slot.borrow_mut() = text);
+}
+
+/// This thread's last error message, valid until this thread's next failing call.
+pub fn last_error() -> *const c_char {
+    LAST_ERROR.try_with(|slot| slot.borrow().as_ptr()).unwrap_or(c"".as_ptr())
+}
+
+#[cfg(test)]
+#[allow(unsafe_code)] // reads the C strings it hands out
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_map_to_their_status() {
+        let e = Error::invalid_argument("zero bytes");
+        assert_eq!(DevallocStatus::of(&e), DevallocStatus::InvalidArgument);
+        assert_eq!(DevallocStatus::of(&Error::not_found("cuda")), DevallocStatus::NotFound);
+    }
+
+    #[test]
+    fn a_panic_becomes_internal_and_a_message() {
+        let status = guard(|| panic!("on purpose"));
+        assert_eq!(status, DevallocStatus::Internal);
+        // SAFETY: last_error returns a NUL-terminated string owned by this thread.
+        let text = unsafe { std::ffi::CStr::from_ptr(last_error()) }.to_str().unwrap().to_owned();
+        assert!(text.contains("on purpose"), "{text}");
+    }
+
+    #[test]
+    fn messages_with_a_nul_are_cut_not_lost() {
+        assert_eq!(guard(|| Err(Failure::invalid("before\0after"))), DevallocStatus::InvalidArgument);
+        // SAFETY: as above.
+        let text = unsafe { std::ffi::CStr::from_ptr(last_error()) };
+        assert_eq!(text.to_str().unwrap(), "before");
+    }
+}
