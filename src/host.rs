@@ -156,7 +156,7 @@ impl Storage for HostStorage {
 /// Host memory as a [`crate::DeviceAllocator`] for [`DeviceType::Cpu`], with one device
 /// (index 0).
 ///
-/// By default freed blocks are kept by size class and reused (as by every built-in allocator;
+/// By default freed blocks are kept by capacity and reused (as by every built-in allocator;
 /// `empty_cache` gives them back); with [`PoolOptions::caching`] off, freed memory goes
 /// straight back to the system allocator. Fresh memory is zeroed; reused cached memory holds its
 /// old bytes.

@@ -33,9 +33,9 @@ pub trait Storage: WasmNotSendSync {
     /// The largest block the device allows.
     fn max_block_size(&self) -> u64;
 
-    /// The capacity a block gets for a request of `size` bytes when the pool caches (blocks
-    /// are reused only for requests of the same capacity); `None` on overflow. Default: four
-    /// classes per power of two, 256 bytes at least (at most 25% more than asked).
+    /// The capacity a block gets for a request of `size` bytes when the pool caches (a cached
+    /// block serves requests whose capacity is up to an eighth smaller); `None` on overflow.
+    /// Default: the size rounded up to 512 bytes.
     fn size_class(&self, size: u64) -> Option<u64> {
         crate::pool::default_size_class(size)
     }

@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use super::address::{Refused, Reservation, Span};
-use super::cache::{Cached, Key};
-use super::{lock, Live, Pool, PoolOptions, Prepared, Source};
+use super::cache::{reuse_bound, Cached, Key};
+use super::{lock, Live, Pool, PoolOptions, Prepared, Source, State};
 use crate::allocator::DEFAULT_ALIGNMENT;
 use crate::checks::{check_request, len64, round_up};
 use crate::error::{Error, Result};
@@ -57,7 +57,7 @@ impl<S: Storage> Pool<S> {
                     drop(block);
                     return Err(Error::backend(self.device, "the storage gave a block without an address"));
                 }
-                Ok(block) => (Cached { id, block }, true),
+                Ok(block) => (Cached { id, block, proven: plan.proven }, true),
                 Err(e) => {
                     let mut state = lock(&self.state);
                     state.pending -= plan.key.capacity;
@@ -99,7 +99,7 @@ impl<S: Storage> Pool<S> {
         let granular = |c: u64| round_up(c, self.storage.granularity());
         let exact =
             granular(size).filter(|&c| c <= max).ok_or(Error::TooLarge { requested: size, max, device })?;
-        // A size class past the limit falls back to the exact size.
+        // A capacity past the limit falls back to the exact size.
         let class = config
             .caching
             .then(|| self.storage.size_class(size).and_then(granular))
@@ -107,7 +107,7 @@ impl<S: Storage> Pool<S> {
             .filter(|&c| c >= size);
         let capacity = class.filter(|&c| c <= max).unwrap_or(exact);
         let key = Key { alignment: self.storage.block_alignment(alignment), params, capacity };
-        Ok(Prepared { size, alignment, key, exact })
+        Ok(Prepared { size, alignment, key, exact, proven: false })
     }
 
     /// Step 2: under the lock, takes a cached block, or room for a fresh one under the memory
@@ -121,13 +121,11 @@ impl<S: Storage> Pool<S> {
         config: &PoolOptions,
     ) -> Result<(Source<S::Block>, Option<Reservation>)> {
         let mut state = lock(&self.state);
-        let cached = if config.caching && config.reuse_freed {
-            // Best fit: from the exact size up to a quarter past the size class.
-            let lo = Key { capacity: plan.exact, ..plan.key.clone() };
-            state.cache.take_fit(&lo, plan.key.capacity.saturating_add(plan.key.capacity / 4))
-        } else {
-            None
-        };
+        // Best fit: from the exact size up to an eighth past the capacity.
+        let lo = Key { capacity: plan.exact, ..plan.key.clone() };
+        let fit = reuse_bound(plan.key.capacity);
+        let reuse = config.caching && config.reuse_freed;
+        let cached = if reuse { state.cache.take_fit(&lo, fit) } else { None };
         let held = state.stats.reserved_bytes + state.pending;
         if let (None, Some(limit)) = (&cached, config.memory_limit) {
             // Not even with the cache given back: the exact size, or refuse before anything changes.
@@ -179,12 +177,45 @@ impl<S: Storage> Pool<S> {
                 self.note(|| EventKind::Evict { bytes });
             }
         }
+        if let (true, Some(fraction)) = (reuse, config.cache_headroom) {
+            evicted.extend(self.keep_to_budget(&mut state, plan, fit, fraction));
+        }
         state.pending += capacity;
         state.blocks_made += 1;
         let id = state.blocks_made;
         drop(state);
         drop(evicted);
         Ok((Source::Fresh(id), reservation))
+    }
+
+    /// Step 2, for a fresh block of `capacity` bytes that the cache could not serve: notes a
+    /// ghost hit (the block to be made is then proven) and gives back as many cached blocks as
+    /// keep the pool within its budget (see `budget.rs`). Returns the blocks, to drop outside
+    /// the lock.
+    fn keep_to_budget(
+        &self,
+        state: &mut State<S>,
+        plan: &mut Prepared<S::Params>,
+        fit: u64,
+        fraction: f64,
+    ) -> Vec<S::Block> {
+        let wanted = Key { capacity: plan.exact, ..plan.key.clone() };
+        plan.proven = state.budget.missed(&wanted, fit);
+        let capacity = plan.key.capacity;
+        let held = state.stats.reserved_bytes + state.pending + capacity;
+        let live = held - state.stats.cached_bytes;
+        let budget = &state.budget;
+        let (bytes, given) =
+            state.cache.evict_oldest(|freed, proven| held - freed > budget.limit(live, fraction, proven));
+        if bytes == 0 {
+            return Vec::new();
+        }
+        state.stats.reserved_bytes -= bytes;
+        state.stats.cached_bytes -= bytes;
+        self.note(|| EventKind::Evict { bytes });
+        let (keys, blocks): (Vec<_>, Vec<_>) = given.into_iter().unzip();
+        state.budget.gave_back(keys);
+        blocks
     }
 
     /// Step 3 (fresh blocks only), without the lock: asks the device for block `id`, and on
@@ -234,7 +265,7 @@ impl<S: Storage> Pool<S> {
         span: Option<Span>,
         label: Option<&str>,
     ) -> DevicePtr {
-        let Cached { id, block } = cached;
+        let Cached { id, block, proven } = cached;
         let capacity = plan.key.capacity;
         let mut state = lock(&self.state);
         let base = match span {
@@ -254,6 +285,8 @@ impl<S: Storage> Pool<S> {
         stats.live_allocations += 1;
         stats.allocated_bytes += plan.size;
         stats.peak_allocated_bytes = stats.peak_allocated_bytes.max(stats.allocated_bytes);
+        let live_capacity = stats.reserved_bytes - stats.cached_bytes;
+        state.budget.live(live_capacity);
         if fresh {
             state.pending -= capacity;
         }
@@ -264,6 +297,8 @@ impl<S: Storage> Pool<S> {
             block_id: id,
             label: label.map(Into::into),
             span,
+            // Made for a size the budget had given back (and so on through reuses).
+            proven,
         };
         state.live.insert(base, live);
         self.note(|| EventKind::Alloc {

@@ -7,24 +7,32 @@
 //!   than the memory limit, or the address window; an alignment past the window) is
 //!   [`Error::TooLarge`] / [`Error::InvalidArgument`]; one that cannot be met *now* is
 //!   [`Error::OutOfMemory`]. A refused request changes nothing: not the data, not the stats.
-//! - **Size classes.** With caching on, a block's capacity is the request rounded up to a size
-//!   class: four per power of two, 256 bytes at least (at most 25% more than asked), unless
-//!   the storage says otherwise (CUDA rounds requests of 1 MiB and more up to 2 MiB). When the
-//!   class would not fit under the device's largest block or the memory limit but the exact
-//!   size would, the exact size is used.
+//! - **Capacities.** With caching on, a block's capacity is the request rounded up to 512
+//!   bytes (as PyTorch rounds small requests), unless the storage says otherwise (CUDA rounds
+//!   requests of 2 MiB and more up to whole 2 MiB pages). When that would not fit under the
+//!   device's largest block or the memory limit but the exact size would, the exact size is used.
 //! - **The cache** keeps freed blocks by the alignment the block itself has, the backend's
 //!   per-allocation params (wgpu: usage) and capacity; never by label (labels are for people:
 //!   they stay in devalloc's records, reports and snapshots, and a reused block serves any
 //!   label). A request takes the smallest cached block of its alignment and params that holds
-//!   it and is at most a quarter larger than its size class (best fit). There is no splitting
-//!   or merging: a block is reused only whole. `empty_cache` gives every cached block back to
-//!   the device. With [`PoolOptions::reuse_freed`] off (a debug setting) freed blocks are never
-//!   reused. Each block has an id (`LiveAllocation::block`), which wgpu's own messages show.
+//!   it and is at most an eighth larger than its capacity (best fit). There is no splitting or
+//!   merging: a block is reused only whole, so two allocations never share a block (on wgpu:
+//!   a buffer), and any two can be bound together with any access. `empty_cache` gives every
+//!   cached block back to the device. With [`PoolOptions::reuse_freed`] off (a debug setting)
+//!   freed blocks are never reused. Each block has an id (`LiveAllocation::block`), which
+//!   wgpu's own messages show.
+//! - **The budget** (no limit needed): the pool holds at most its live high-water mark plus
+//!   [`PoolOptions::cache_headroom`] of it (1/16 by default), plus up to another sixteenth in
+//!   blocks the workload proved it comes back to. A fresh block that would pass it first gives
+//!   back cached blocks, the ones freed longest ago first (see `budget.rs`). A workload that
+//!   repeats settles; one that moves on (a growing KV cache, varying shapes) gives back what it
+//!   stopped using, before the device or a limit makes it.
 //! - **Out of memory.** Past the memory limit, as few cached blocks as make room are given back
 //!   (the smallest one that is enough, else the largest first); if even the whole cache would
-//!   not make room for the size class, the exact size is tried; else the request fails. When
+//!   not make room for the rounded capacity, the exact size is tried; else the request fails. When
 //!   the device itself runs out, the cache is emptied and the exact size tried once more (so
-//!   the one visible change of a failed request is a cache given back).
+//!   the one visible change of a failed request is cached blocks given back: by the budget,
+//!   the limit or that retry).
 //! - **Addresses.** Storages without real addresses (host, wgpu) get virtual ones from a
 //!   per-device window (see `address.rs`): a reused cached block gets a *fresh* address, and a
 //!   freed address range is not handed out again within 2^32 frees unless the 4 PiB window has
@@ -36,6 +44,7 @@
 mod access;
 mod address;
 mod allocate;
+mod budget;
 mod cache;
 mod history;
 mod plans;
@@ -49,6 +58,7 @@ pub(crate) use self::history::now_us;
 use self::history::History;
 
 use self::address::{AddressWindow, SharedWindow, Span, MAX_DEVICES, MAX_WINDOW_BITS};
+use self::budget::Budget;
 pub(crate) use self::cache::size_class as default_size_class;
 use self::cache::{BlockCache, Cached, Key};
 use crate::allocator::AllocatorStats;
@@ -63,14 +73,22 @@ use crate::sync::lock;
 /// Settings of a [`Pool`].
 #[derive(Clone, Debug)]
 pub struct PoolOptions {
-    /// Keep freed blocks by size class and reuse them (see the policy in the module docs). On
+    /// Keep freed blocks by capacity and reuse them (see the policy in the module docs). On
     /// by default, for every built-in allocator: a workload that repeats its shapes asks the
     /// device for nothing after its first step.
     pub caching: bool,
     /// Most bytes the pool may hold from the device (live and cached). Past it an allocation
     /// is [`Error::OutOfMemory`] (or [`Error::TooLarge`] when it alone exceeds the limit),
-    /// before the device runs out.
+    /// before the device runs out. `None` by default.
     pub memory_limit: Option<u64>,
+    /// How much more than the most its allocations have held at once (their high-water mark)
+    /// the pool keeps in its cache, as a fraction of that mark: `Some(1.0 / 16.0)` by default.
+    /// A fresh block that would take the pool past it first gives back the blocks cached
+    /// longest ago; the headroom grows (up to an eighth of the mark) when the workload asks again for
+    /// a size it gave back, so a repeating workload still settles. `None`: the cache keeps
+    /// every freed block until a limit, an out-of-memory or `empty_cache` (devalloc before
+    /// 0.2). Clamped to 0..=1.
+    pub cache_headroom: Option<f64>,
     /// Reuse freed blocks (the default). Off, a freed block is never handed out again, even
     /// with caching on: a debug setting that makes a use of freed memory (say, a bind group
     /// still pointing at a freed buffer) show up instead of silently reaching a new allocation.
@@ -90,6 +108,7 @@ impl Default for PoolOptions {
         PoolOptions {
             caching: true,
             memory_limit: None,
+            cache_headroom: Some(1.0 / 16.0),
             reuse_freed: true,
             address_window: 1 << MAX_WINDOW_BITS,
             quarantine_frees: 1 << 32,
@@ -115,6 +134,8 @@ struct Live<S: Storage> {
     block_id: u64,
     label: Option<Box<str>>,
     span: Option<Span>,
+    /// Whether the workload came back to the block (see `budget.rs`).
+    proven: bool,
 }
 
 struct State<S: Storage> {
@@ -127,16 +148,20 @@ struct State<S: Storage> {
     plans: PlanTable,
     /// Blocks made so far (the next block's id).
     blocks_made: u64,
+    /// How much the cache may hold (see `budget.rs`).
+    budget: Budget<S::Params>,
 }
 
 /// What an allocation will be, worked out before anything changes.
 struct Prepared<P> {
     size: u64,
     alignment: u64,
-    /// The block it would take: its size class (or the exact size, see `exact`).
+    /// The block it would take: its capacity (or the exact size, see `exact`).
     key: Key<P>,
     /// The exact size in whole granules (what a block needs at least).
     exact: u64,
+    /// Whether a fresh block for it is proven (a ghost hit, see `budget.rs`).
+    proven: bool,
 }
 
 /// Where an allocation's block comes from.
@@ -205,6 +230,7 @@ impl<S: Storage> Pool<S> {
                 pending: 0,
                 plans: PlanTable::new(),
                 blocks_made: 0,
+                budget: Budget::new(),
             }),
             history: Mutex::new(None),
             recording: AtomicBool::new(false),
@@ -257,7 +283,7 @@ impl<S: Storage> Pool<S> {
         let to_drop = match (keep, Arc::try_unwrap(live.block)) {
             (true, Ok(block)) => {
                 state.stats.cached_bytes += capacity;
-                state.cache.put(live.key, Cached { id: live.block_id, block });
+                state.cache.put(live.key, Cached { id: live.block_id, block, proven: live.proven });
                 None
             }
             (_, block) => {
