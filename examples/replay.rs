@@ -9,9 +9,10 @@
 //! FILE: a devalloc snapshot with history (`cargo run --example tour -- --snapshot FILE`, or
 //! the page's), one replay per device; or a MiniMalloc CSV (`id,lower,upper,size`: each buffer
 //! allocated at `lower`, freed at `upper`, in step order). Each replay ends with one line
-//! scripts can read:
+//! scripts can read (`backend_reserved`: the most the backend's own allocator report said it
+//! held, where it keeps one: wgpu on Vulkan and DX12):
 //!
-//!     replay: file=NAME backend=B lower_bound=N peak_live=N peak_reserved=N device_allocs=N steady_after=STEP [min_limit=N ratio=X]
+//!     replay: file=NAME backend=B lower_bound=N peak_live=N peak_reserved=N device_allocs=N steady_after=STEP [backend_reserved=N] [min_limit=N ratio=X]
 //!             pytorch_peak_reserved=N [pytorch_min_limit=N pytorch_ratio=X]
 #[path = "support/logging.rs"]
 mod logging;
@@ -127,6 +128,9 @@ fn run<T: devalloc::backend::Pooled>(
         "replay: file={name} backend={} lower_bound={lb} peak_live={} peak_reserved={} device_allocs={} steady_after={steady}",
         args.backend, r.peak_live, r.peak_reserved, r.device_allocations
     );
+    if let Some(b) = r.backend_peak_reserved {
+        line += &format!(" backend_reserved={b}");
+    }
     if args.find_limit {
         match find_min_limit(&make, trace, 0)? {
             Some(min) => {

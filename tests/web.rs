@@ -78,6 +78,11 @@ async fn open() -> &'static WgpuAllocator {
 }
 
 #[wasm_bindgen_test]
+async fn independent_allocations_bind_together_after_churn() {
+    conformance::bindings::independent_allocations_bind_together_after_churn(open().await, 0).await;
+}
+
+#[wasm_bindgen_test]
 async fn ragged_async_downloads() {
     let a = open().await;
     let n = 10_007;

@@ -86,6 +86,13 @@ mod webgl {
     async fn model_check_tiny() {
         conformance::model::model_check_seeded(webgl_tiny, 4).await;
     }
+
+    /// WebGL2 has no compute: the allocations are checked apart, and the check says so.
+    #[wasm_bindgen_test]
+    async fn independent_allocations_bind_together_after_churn() {
+        let a = adopt(WgpuOptions::default()).await.unwrap();
+        conformance::bindings::independent_allocations_bind_together_after_churn(&a, 0).await;
+    }
 }
 
 /// The app's own upload through a `wgpu::util::StagingBelt` (its chunks then mapped again by

@@ -137,6 +137,7 @@ impl WgpuAllocator {
                 label: Some("devalloc"),
                 required_features,
                 required_limits,
+                memory_hints: options.memory_hints.clone(),
                 ..Default::default()
             };
             let (device, queue) = adapter.request_device(&desc).await.map_err(|e| Error::Backend {

@@ -38,8 +38,8 @@ pub struct WgpuOptions {
     /// memory (CPU or integrated) and offers `MAPPABLE_PRIMARY_BUFFERS`, staging elsewhere. A
     /// forced `Direct` is an error where the device cannot map its buffers.
     pub route: Option<Route>,
-    /// Usage of buffers allocated without one of their own (`COPY_SRC | COPY_DST` are always
-    /// added, as devalloc copies through them; `MAP_READ` / `MAP_WRITE` are refused: they are
+    /// Usage of buffers allocated without one of their own (default `STORAGE`; `COPY_SRC |
+    /// COPY_DST` are always added, as devalloc copies through them; `MAP_READ` / `MAP_WRITE` are refused: they are
     /// devalloc's to set). `WgpuAllocator::allocate_request` picks usage per allocation.
     pub usage: wgpu::BufferUsages,
     /// Size of one staging buffer, and so of one chunk of a large copy. `None`: natively 4 MiB
@@ -51,6 +51,16 @@ pub struct WgpuOptions {
     /// beyond it is released as soon as its copy is done, and a large upload waits for its
     /// earlier chunks rather than make more.
     pub staging_budget: Option<u64>,
+    /// How wgpu's own allocator beneath devalloc sizes its memory blocks, when devalloc opens
+    /// the device itself (an adopted device keeps the app's choice; the browser decides for
+    /// itself). Default: `MemoryHints::Manual` with 4 MiB blocks (the smallest wgpu allows), so
+    /// that what the backend holds stays close to what devalloc holds: on lavapipe, 1.02-1.23x
+    /// devalloc's peak reserved over the model histories, where wgpu's own default
+    /// (`Performance`, 64-256 MiB blocks) held 67,108,864 bytes for a history that peaks at
+    /// 18 MB. Buffers larger than a block get memory of their own; buffers of 2-4 MiB cost wgpu
+    /// most (1.44x when all are so). `MemoryHints::Performance` for wgpu's default: fewer,
+    /// larger device allocations.
+    pub memory_hints: wgpu::MemoryHints,
     /// Called once when the device is lost. wgpu keeps one lost callback per device and cannot
     /// hand back one already set, so devalloc, which needs the callback to notice a loss, takes
     /// it: an app that adopts its device must not set the device's lost callback itself
@@ -73,6 +83,9 @@ impl Default for WgpuOptions {
             usage: wgpu::BufferUsages::STORAGE,
             staging_chunk: None,
             staging_budget: None,
+            memory_hints: wgpu::MemoryHints::Manual {
+                suballocated_device_memory_block_size: (4 << 20)..(4 << 20),
+            },
             on_device_lost: None,
         }
     }
@@ -103,6 +116,7 @@ impl fmt::Debug for WgpuOptions {
             .field("usage", &self.usage)
             .field("staging_chunk", &self.staging_chunk)
             .field("staging_budget", &self.staging_budget)
+            .field("memory_hints", &self.memory_hints)
             .field("on_device_lost", &self.on_device_lost.as_ref().map(|_| "Fn"))
             .finish()
     }

@@ -9,6 +9,8 @@
 //! turns the checks into `#[test]`s (native) or `#[wasm_bindgen_test]`s (wasm) for one
 //! allocator factory, run on every device it has.
 
+#[cfg(feature = "wgpu")]
+pub mod bindings;
 #[cfg(target_arch = "wasm32")]
 pub mod browser_loss;
 pub mod checks;

@@ -4,7 +4,8 @@
 //! policy (`pool_policy`) and its cache budget (`pool_budget`), the registry (`registry`), wgpu on lavapipe and llvmpipe (`wgpu`), a
 //! wgpu app that adopts devalloc (`wgpu_app`) and loses its device (`wgpu_app_loss`), an app's hostile ways with it (panicking map
 //! callbacks, async copies dropped mid-map: `wgpu_hostile`), wgpu copies under hostile use
-//! (bounded work per async poll, drops at any poll, destroy mid-copy: `wgpu_copies`), and CUDA
+//! (bounded work per async poll, drops at any poll, destroy mid-copy: `wgpu_copies`), what wgpu
+//! holds beneath the pool (bindings after churn, memory hints: `wgpu_memory`), and CUDA
 //! where a driver is (`cuda`, feature `cuda`). `util` holds the hostile tests' small helpers.
 //!
 //!     cargo test --test native [-- host::]      # a module's tests alone: filter by its name
@@ -35,3 +36,5 @@ mod wgpu_app_loss;
 mod wgpu_copies;
 #[cfg(feature = "wgpu")]
 mod wgpu_hostile;
+#[cfg(feature = "wgpu")]
+mod wgpu_memory;

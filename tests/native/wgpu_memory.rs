@@ -1,0 +1,95 @@
+//! What wgpu holds beneath devalloc's pool: independent allocations never share a buffer (the
+//! binding check of the conformance suite, on Vulkan's two routes and GL), and the memory hints
+//! devalloc gives a device it opens keep wgpu's own allocator close to what the pool holds.
+
+use crate::conformance::{self, bindings};
+
+use devalloc::plan::{Instance, TensorLife};
+use devalloc::replay::{replay, Trace};
+use devalloc::wgpu::{Route, WgpuAllocator, WgpuOptions};
+
+/// An allocator on `backend`, or `None` (saying why) where this machine has no such adapter;
+/// under CI a missing adapter fails.
+fn open(backend: wgpu::Backend, options: WgpuOptions) -> Option<WgpuAllocator> {
+    match WgpuAllocator::with_options(backend, options) {
+        Ok(a) => Some(a),
+        Err(e) if conformance::in_ci() => panic!("no {backend:?} adapter under CI: {e}"),
+        Err(e) => {
+            eprintln!("SKIPPED on {backend:?}: {e}");
+            None
+        }
+    }
+}
+
+#[test]
+fn independent_allocations_bind_together_after_churn() {
+    for (backend, route) in [
+        (wgpu::Backend::Vulkan, Route::Staged),
+        (wgpu::Backend::Vulkan, Route::Direct),
+        (wgpu::Backend::Gl, Route::Staged),
+    ] {
+        let Some(a) = open(backend, WgpuOptions { route: Some(route), ..WgpuOptions::default() }) else {
+            continue;
+        };
+        pollster::block_on(bindings::independent_allocations_bind_together_after_churn(&a, 0));
+    }
+}
+
+/// The model histories of `tests/data/traces` (each peaks at 15-150 MB live).
+fn traces() -> Vec<(String, Trace)> {
+    ["convnet", "decode", "large", "mlp_train", "transformer"]
+        .iter()
+        .map(|name| {
+            let path = format!("{}/tests/data/traces/{name}.csv", env!("CARGO_MANIFEST_DIR"));
+            let text = std::fs::read_to_string(&path).unwrap();
+            let inst = Instance::from_csv(name, &text).unwrap();
+            (name.to_string(), Trace::from_tensors(&inst.tensors, None))
+        })
+        .collect()
+}
+
+/// Forty tensors of 2.1-4 MiB (wgpu's worst case: each takes most of a 4 MiB block of its
+/// own), eight live at a time.
+fn adversarial() -> Trace {
+    let tensors: Vec<TensorLife> = (0..40u64)
+        .map(|k| TensorLife { size: (2 << 20) + 4096 + (k * 7919 % 31) * (60 << 10), first: k, last: k + 7 })
+        .collect();
+    Trace::from_tensors(&tensors, None)
+}
+
+/// The most wgpu's allocator report said it held while `trace` replayed, and the pool's peak.
+fn held(options: WgpuOptions, trace: &Trace) -> Option<(u64, u64)> {
+    let a = open(wgpu::Backend::Vulkan, options)?;
+    let r = replay(&a, trace, 0).unwrap();
+    let backend =
+        r.backend_peak_reserved.unwrap_or_else(|| panic!("Vulkan keeps an allocator report: {r:?}"));
+    Some((backend, r.peak_reserved))
+}
+
+#[test]
+fn wgpus_own_blocks_stay_close_to_what_the_pool_holds() {
+    let performance =
+        || WgpuOptions { memory_hints: wgpu::MemoryHints::Performance, ..WgpuOptions::default() };
+    for (name, trace) in traces() {
+        let Some((backend, pool)) = held(WgpuOptions::default(), &trace) else { return };
+        let (wgpus, _) = held(performance(), &trace).unwrap();
+        eprintln!(
+            "{name}: wgpu held {backend} bytes beneath a peak reserved of {pool} ({:.3}x); {wgpus} with wgpu's default hints",
+            backend as f64 / pool as f64
+        );
+        if trace.lower_bound() >= 16 << 20 {
+            assert!(backend * 4 <= pool * 5, "{name}: wgpu held {backend} beneath a peak reserved of {pool}");
+        }
+        assert!(
+            backend <= wgpus,
+            "{name}: the hints reach wgpu ({backend} with devalloc's, {wgpus} with wgpu's)"
+        );
+    }
+    // Sizes just past half a block: what 4 MiB blocks cost at worst, printed for the docs.
+    let Some((backend, pool)) = held(WgpuOptions::default(), &adversarial()) else { return };
+    eprintln!(
+        "2-4 MiB tensors: wgpu held {backend} bytes beneath {pool} ({:.3}x)",
+        backend as f64 / pool as f64
+    );
+    assert!(backend < 2 * pool + (8 << 20), "{backend} beneath {pool}");
+}
