@@ -61,6 +61,13 @@ fn round_trips_through_interior_pointers() {
     let mut moved = vec![0u8; 100];
     assert_eq!(unsafe { devalloc_copy_device_to_host(CPU, moved.as_mut_ptr().cast(), q + 50, 100, 0) }, OK);
     assert_eq!(moved, data[50..150]);
+    // Overlapping ranges of one allocation move as memmove does.
+    assert_eq!(devalloc_copy_device_to_device(CPU, p + 101, 0, CPU, p + 100, 0, 200), OK);
+    assert_eq!(unsafe { devalloc_copy_device_to_host(CPU, back.as_mut_ptr().cast(), p + 101, 200, 0) }, OK);
+    assert_eq!(back, data);
+    // To a type nobody opened: NOT_FOUND, and nothing moved.
+    let vulkan = DevallocDeviceType::Vulkan as i32;
+    assert_eq!(devalloc_copy_device_to_device(vulkan, 0x1000, 0, CPU, p, 0, 8), DevallocStatus::NotFound);
     let after = stats();
     assert_eq!(after.allocations - before.allocations, 2);
     assert_eq!(after.allocated_bytes - before.allocated_bytes, 1300);
@@ -121,6 +128,11 @@ fn bad_arguments_are_refused_and_change_nothing() {
             refused(devalloc_allocate(junk, 64, 0, 256, &mut out), invalid, before, "a junk device type");
             refused(devalloc_open(junk), invalid, before, "open(junk)");
         }
+        for alignment in [1usize << 63, usize::MAX, 6] {
+            let status = devalloc_allocate(CPU, 64, 0, alignment, &mut out);
+            assert!(!matches!(status, OK | DevallocStatus::Internal), "alignment {alignment}: {status:?}");
+            refused(status, status, before, "a huge or odd alignment");
+        }
         assert_eq!(out, 7, "a failed allocation wrote its out-parameter");
         // Host buffers: null with bytes to move, more than a host buffer can hold.
         refused(devalloc_copy_host_to_device(CPU, p, std::ptr::null(), 8, 0), invalid, before, "null src");
@@ -167,6 +179,12 @@ fn a_memory_limit_refuses_and_lifts() {
     let p = alloc(1 << 20);
     assert_eq!(devalloc_deallocate(CPU, p, 0), OK);
     assert_eq!(devalloc_set_memory_limit(CPU, 2, 0), DevallocStatus::NoSuchDevice);
+    // A limit of 0 bytes refuses everything, and lifts like any other.
+    assert_eq!(devalloc_set_memory_limit(CPU, 0, 0), OK);
+    let mut q = 0;
+    let status = unsafe { devalloc_allocate(CPU, 1, 0, 1, &mut q) };
+    assert!(matches!(status, DevallocStatus::OutOfMemory | DevallocStatus::TooLarge), "{status:?}");
+    assert_eq!(devalloc_set_memory_limit(CPU, 0, DEVALLOC_NO_LIMIT), OK);
     assert_eq!(stats().allocated_bytes, before.allocated_bytes);
 }
 

@@ -33,7 +33,7 @@ double ns_per_cycle(uint64_t iterations, F cycle) {
 
 int bench(DeviceType type, uint64_t iterations) {
   constexpr size_t kSize = 4096;
-  constexpr int kRounds = 9;
+  constexpr int kRounds = 15;
   const size_t align = executorch::runtime::DeviceAllocator::kDefaultAlignment;
   auto* a = get_device_allocator(type);
   int failures = 0;
