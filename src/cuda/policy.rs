@@ -132,4 +132,103 @@ mod tests {
         assert_eq!(d.asked, vec![4096, 4096 + 4096 - 256]);
         assert_eq!((d.freed.len(), r.bytes), (1, 4096 + 3840));
     }
+
+    /// The pool's policy over the CUDA backend's block policy and the fake driver: blocks hold
+    /// their driver pointer and give it back on drop.
+    struct FakeCuda(std::sync::Arc<std::sync::Mutex<Driver>>);
+
+    struct Block {
+        raw: Raw,
+        driver: std::sync::Arc<std::sync::Mutex<Driver>>,
+    }
+
+    impl Drop for Block {
+        fn drop(&mut self) {
+            self.driver.lock().unwrap_or_else(|e| e.into_inner()).freed.push(self.raw.raw);
+        }
+    }
+
+    impl crate::storage::Storage for FakeCuda {
+        type Block = Block;
+        type Params = ();
+        fn device(&self) -> crate::Device {
+            crate::Device::new(crate::DeviceType::Cuda, 0)
+        }
+        fn max_block_size(&self) -> u64 {
+            1 << 40
+        }
+        fn size_class(&self, size: u64) -> Option<u64> {
+            size_class(size)
+        }
+        fn has_real_addresses(&self) -> bool {
+            true
+        }
+        fn alloc(&self, capacity: u64, alignment: u64, _: &(), _: &str) -> Result<Block> {
+            let raw = alloc(&mut self.0.lock().unwrap(), capacity, alignment);
+            Ok(Block { raw, driver: self.0.clone() })
+        }
+        fn address(&self, block: &Block) -> Option<u64> {
+            Some(block.raw.addr)
+        }
+        fn write(&self, _: &Block, _: u64, _: &[u8]) -> Result<()> {
+            Ok(())
+        }
+        fn read(&self, _: &Block, _: u64, _: &mut [u8]) -> Result<()> {
+            Ok(())
+        }
+        fn copy(&self, _: &Block, _: u64, _: &Block, _: u64, _: u64) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A decode loop (weights, a KV cache that grows by 96 KiB a step, an activation) on a
+    /// fresh pool with `options`: (the pool's stats, its peak live capacity, blocks freed).
+    fn decode(options: crate::PoolOptions) -> (crate::AllocatorStats, u64, usize) {
+        let driver = std::sync::Arc::new(std::sync::Mutex::new(Driver::new()));
+        let pool = crate::backend::Pool::new(FakeCuda(driver.clone()), options).unwrap();
+        let weights = pool.allocate(64 * MIB as usize, 256).unwrap();
+        let (mut kv, mut peak_live) = (None, 0);
+        for step in 0..200usize {
+            let next = pool.allocate(3 * MIB as usize + step * (96 << 10), 256).unwrap();
+            let act = pool.allocate(1 << 20, 256).unwrap();
+            let s = pool.stats();
+            peak_live = peak_live.max(s.reserved_bytes - s.cached_bytes);
+            pool.deallocate(act).unwrap();
+            if let Some(old) = kv.replace(next) {
+                pool.deallocate(old).unwrap();
+            }
+        }
+        let freed = driver.lock().unwrap().freed.len();
+        assert!(
+            driver.lock().unwrap().asked.iter().skip(1).all(|&n| n < PAGE || n % PAGE == 0),
+            "whole pages"
+        );
+        pool.deallocate(kv.unwrap()).unwrap();
+        pool.deallocate(weights).unwrap();
+        (pool.stats(), peak_live, freed)
+    }
+
+    #[test]
+    fn cuda_blocks_follow_the_pools_budget_and_go_back_to_the_driver() {
+        let (s, peak_live, freed) = decode(crate::PoolOptions::default());
+        assert!(s.peak_reserved_bytes * 8 <= peak_live * 9, "{s:?} over a peak live of {peak_live}");
+        assert!(freed > 0, "old KV blocks go back to the driver");
+        // Without the budget every page size the KV cache passed through stays cached.
+        let unbounded = crate::PoolOptions { cache_headroom: None, ..Default::default() };
+        let (s, peak_live, freed) = decode(unbounded);
+        assert_eq!(freed, 0);
+        assert!(s.peak_reserved_bytes > 2 * peak_live, "{s:?} over a peak live of {peak_live}");
+        // A workload that repeats asks the driver for nothing after its first step.
+        let driver = std::sync::Arc::new(std::sync::Mutex::new(Driver::new()));
+        let pool =
+            crate::backend::Pool::new(FakeCuda(driver.clone()), crate::PoolOptions::default()).unwrap();
+        let mut after = Vec::new();
+        for _ in 0..4 {
+            let ptrs: Vec<_> =
+                [5 * MIB as usize, 700 << 10, 3000].iter().map(|&n| pool.allocate(n, 256).unwrap()).collect();
+            ptrs.into_iter().for_each(|p| pool.deallocate(p).unwrap());
+            after.push(driver.lock().unwrap().asked.len());
+        }
+        assert!(after.iter().all(|&n| n == after[0]), "driver allocations after each step: {after:?}");
+    }
 }
