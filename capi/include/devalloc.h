@@ -67,6 +67,22 @@ typedef enum {
   DEVALLOC_DEVICE_TYPE_WEBGPU = 6,
 } DevallocDeviceType;
 
+// How much of devalloc's log a C program sees on stderr (`devalloc_log_to_stderr`).
+typedef enum {
+  // Nothing.
+  DEVALLOC_LOG_LEVEL_OFF = 0,
+  // Errors (a panic caught at the boundary, a device lost).
+  DEVALLOC_LOG_LEVEL_ERROR = 1,
+  // And warnings (leaks reported when an allocator is dropped, slow paths).
+  DEVALLOC_LOG_LEVEL_WARN = 2,
+  // And what was opened and registered.
+  DEVALLOC_LOG_LEVEL_INFO = 3,
+  // And each allocator's decisions.
+  DEVALLOC_LOG_LEVEL_DEBUG = 4,
+  // Everything.
+  DEVALLOC_LOG_LEVEL_TRACE = 5,
+} DevallocLogLevel;
+
 // What an allocator holds on one device (devalloc's `AllocatorStats`), in bytes and counts.
 typedef struct {
   // Bytes of live allocations, as requested.
@@ -215,6 +231,10 @@ const char *devalloc_last_error(void);
 
 // The name of a status (`"OUT_OF_MEMORY"`), or `"UNKNOWN"`: a static string, never null.
 const char *devalloc_status_name(int32_t status);
+
+// Sends devalloc's log (`DevallocLogLevel`: 0 off, 1 errors ... 5 trace) to stderr; call again
+// to change the level. `NOT_SUPPORTED` when the process has another Rust logger already.
+DevallocStatus devalloc_log_to_stderr(int32_t level);
 
 // devalloc's version (`"0.1.0"`): a static string.
 const char *devalloc_version(void);

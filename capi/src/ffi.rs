@@ -337,6 +337,13 @@ pub extern "C" fn devalloc_status_name(status: i32) -> *const c_char {
     crate::status_from(status).map_or(c"UNKNOWN", DevallocStatus::name).as_ptr()
 }
 
+/// Sends devalloc's log (`DevallocLogLevel`: 0 off, 1 errors ... 5 trace) to stderr; call again
+/// to change the level. `NOT_SUPPORTED` when the process has another Rust logger already.
+#[no_mangle]
+pub extern "C" fn devalloc_log_to_stderr(level: i32) -> DevallocStatus {
+    guard(|| crate::logger::to_stderr(level))
+}
+
 /// devalloc's version (`"0.1.0"`): a static string.
 #[no_mangle]
 pub extern "C" fn devalloc_version() -> *const c_char {

@@ -29,10 +29,12 @@
 #![deny(unsafe_code)]
 
 mod ffi;
+mod logger;
 mod open;
 pub mod status;
 
 pub use ffi::*;
+pub use logger::DevallocLogLevel;
 pub use open::DevallocDeviceType;
 pub use status::DevallocStatus;
 
