@@ -226,7 +226,8 @@ DevallocStatus devalloc_record_history(int32_t device_type, size_t events);
 DevallocStatus devalloc_snapshot_to_file(int32_t device_type, const char *path);
 
 // The message of this thread's last failed call (`""` before any failure): NUL-terminated,
-// owned by devalloc, valid until this thread's next failing call. Never null.
+// owned by devalloc, and the pointer stays valid for the life of the thread (a later failure
+// on the thread rewrites the text in place; messages past 4 KiB are cut). Never null.
 const char *devalloc_last_error(void);
 
 // The name of a status (`"OUT_OF_MEMORY"`), or `"UNKNOWN"`: a static string, never null.

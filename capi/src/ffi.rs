@@ -325,7 +325,8 @@ pub unsafe extern "C" fn devalloc_snapshot_to_file(device_type: i32, path: *cons
 }
 
 /// The message of this thread's last failed call (`""` before any failure): NUL-terminated,
-/// owned by devalloc, valid until this thread's next failing call. Never null.
+/// owned by devalloc, and the pointer stays valid for the life of the thread (a later failure
+/// on the thread rewrites the text in place; messages past 4 KiB are cut). Never null.
 #[no_mangle]
 pub extern "C" fn devalloc_last_error() -> *const c_char {
     status::last_error()

@@ -1,8 +1,8 @@
 //! Status codes, the thread-local last error, and [`guard`]: how every call's `Result` (or
 //! panic) becomes what C sees.
 
-use std::cell::RefCell;
-use std::ffi::{c_char, CString};
+use std::cell::UnsafeCell;
+use std::ffi::c_char;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use devalloc::Error;
@@ -111,9 +111,14 @@ impl From<Error> for Failure {
 /// What the boundary's helpers return.
 pub type Outcome<T = ()> = Result<T, Failure>;
 
+/// The longest message kept, NUL included; longer ones are cut at a character boundary.
+const MESSAGE_CAPACITY: usize = 4096;
+
 thread_local! {
-    /// The message of this thread's last failed call (NUL-terminated for C).
-    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+    /// The message of this thread's last failed call, NUL-terminated for C. A fixed buffer,
+    /// written in place: a pointer C holds from `devalloc_last_error` stays valid for the life of
+    /// the thread (a later failure changes the text it points to, never frees it).
+    static LAST_ERROR: UnsafeCell<[u8; MESSAGE_CAPACITY]> = const { UnsafeCell::new([0; MESSAGE_CAPACITY]) };
 }
 
 /// Runs `call` and turns its result into a status: Ok, its failure (whose message becomes this
@@ -138,16 +143,29 @@ pub fn guard(call: impl FnOnce() -> Outcome) -> DevallocStatus {
 }
 
 /// Makes `message` this thread's last error (a NUL inside it ends it early).
+#[allow(unsafe_code)] // writes the thread's own buffer through its raw pointer
 fn set_last_error(message: &str) {
     let text = message.split('\0').next().unwrap_or_default();
-    let text = CString::new(text).unwrap_or_default();
-    // A thread being torn down has no thread-locals left: its message is dropped.
-    let _ = LAST_ERROR.try_with(|slot| *slot.borrow_mut() = text);
+    let mut len = text.len().min(MESSAGE_CAPACITY - 1);
+    while !text.is_char_boundary(len) {
+        len -= 1;
+    }
+    // A thread being torn down may have no thread-locals left: its message is dropped.
+    let _ = LAST_ERROR.try_with(|slot| {
+        let buffer = slot.get().cast::<u8>();
+        // SAFETY: `buffer` is this thread's MESSAGE_CAPACITY bytes, only ever reached through
+        // raw pointers from `slot.get()` on this thread; `len + 1 <= MESSAGE_CAPACITY`; `text`
+        // is a distinct allocation. C reads it only between calls, on this thread.
+        unsafe {
+            std::ptr::copy_nonoverlapping(text.as_ptr(), buffer, len);
+            buffer.add(len).write(0);
+        }
+    });
 }
 
-/// This thread's last error message, valid until this thread's next failing call.
+/// This thread's last error message: NUL-terminated, valid for the life of the thread.
 pub fn last_error() -> *const c_char {
-    LAST_ERROR.try_with(|slot| slot.borrow().as_ptr()).unwrap_or(c"".as_ptr())
+    LAST_ERROR.try_with(|slot| slot.get().cast::<c_char>().cast_const()).unwrap_or(c"".as_ptr())
 }
 
 #[cfg(test)]
@@ -169,6 +187,18 @@ mod tests {
         // SAFETY: last_error returns a NUL-terminated string owned by this thread.
         let text = unsafe { std::ffi::CStr::from_ptr(last_error()) }.to_str().unwrap().to_owned();
         assert!(text.contains("on purpose"), "{text}");
+    }
+
+    #[test]
+    fn a_held_message_pointer_stays_valid_and_long_messages_are_cut() {
+        assert_eq!(guard(|| Err(Failure::invalid("first"))), DevallocStatus::InvalidArgument);
+        let held = last_error();
+        let long = "é".repeat(MESSAGE_CAPACITY); // 2 bytes a character: cut on a boundary
+        assert_eq!(guard(|| Err(Failure::invalid(long.clone()))), DevallocStatus::InvalidArgument);
+        assert_eq!(last_error(), held, "the message moved");
+        // SAFETY: the thread's buffer, NUL-terminated.
+        let text = unsafe { std::ffi::CStr::from_ptr(held) }.to_str().expect("cut on a char boundary");
+        assert!(text.starts_with("éé") && text.len() < MESSAGE_CAPACITY && text.len() % 2 == 0);
     }
 
     #[test]
