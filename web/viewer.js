@@ -1,7 +1,7 @@
 // The memory viewer: draws a devalloc snapshot (the JSON that Snapshot::to_json writes, or
 // that the page's own allocator gives): allocations stacked in the order events happened (each
 // coloured by its label, planned buffers outlined), what is reserved but not in use (the cache
-// and size-class rounding) as a gray band up to the reserved line, the largest allocations at
+// and rounding) as a gray band up to the reserved line, the largest allocations at
 // the peak, the table of events, and a replay of the history under a memory limit. Memory
 // plans (the page's network's, or a plan CSV) are drawn by plan.js, below the timeline.
 import { human, exact, byteTicks, countTicks, parseBytes, PALETTE, OTHER } from "./format.js";
@@ -158,7 +158,7 @@ function legend(el, families, colour, hasPlanned) {
     : f.members.length <= 3 ? f.members.join(", ") : `${f.members[0]} … ${f.members[f.members.length - 1]} (${f.members.length})`);
   el.innerHTML = shown.map((f) => `<span class="chip">${f.members.slice(0, 6).map(chip).join("")}${name(f)}</span>`).join("")
     + (rest ? `<span class="chip"><i style="background:${OTHER}"></i>${rest} more label famil${rest > 1 ? "ies" : "y"}, drawn in gray</span>` : "")
-    + `<span class="chip"><i style="background:rgba(120,120,120,0.3)"></i>reserved, not in use (cache and size-class rounding)</span>`
+    + `<span class="chip"><i style="background:rgba(120,120,120,0.3)"></i>reserved, not in use (cache and rounding)</span>`
     + `<span class="chip"><i class="line"></i>reserved (held from the device)</span>`
     + (hasPlanned ? `<span class="chip"><i class="outlined"></i>planned buffer</span>` : "");
 }
