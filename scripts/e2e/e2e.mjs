@@ -303,6 +303,12 @@ check(snapshotFile ? `the viewer drew the snapshot ${snapshotFile}` : "the viewe
   v.shown && v.shown.events > 0 && v.shown.peakBytes > 0 && (!snapshotFile || v.source.includes(snapshotFile.split("/").pop())));
 check(`every label of the viewer has a colour of its own, none gray (${v.shown && v.shown.coloured} of ${v.shown && v.shown.labels} labels in ${v.shown && v.shown.families} colour groups)`, v.shown && v.shown.coloured === v.shown.labels);
 if (!snapshotFile && !noWebgpu) check("the viewer outlines the network's planned buffer", v.shown && v.shown.planned > 0);
+if (snapshotFile) {
+  // The tour's growing KV cache: the pool's budget gives old sizes back, and reserved falls there.
+  const steps = (v.shown && v.shown.steps) || [];
+  const falls = steps.filter((s, k) => k > 0 && s[1] === "evict" && s[4] < steps[k - 1][4]).length;
+  check(`the viewer shows reserved falling where the pool gave cached blocks back (${falls} times)`, falls > 0);
+}
 const plan = results.plan || {};
 if (noWebgpu) {
   check(`the network is refused for want of compute shaders, on gl: ${results.networkSkipped}`, /not supported on gl/.test(results.networkSkipped || "") && /compute shaders/.test(results.networkSkipped || "") && !results.network);
