@@ -2,7 +2,9 @@
 //! held, how often it asked the device, when it stopped asking, and (with `--find-limit`) the
 //! smallest memory limit under which all of it fits, each beside the lower bound (the most bytes
 //! live at once) and beside what PyTorch's CUDA caching allocator would do with the same
-//! history (`devalloc::replay::pytorch_replay`, a model of its default policy).
+//! history (`devalloc::replay::pytorch_replay`, a model of its default policy) and what
+//! CubeCL's memory management holds (the real one, pinned, as cubecl-wgpu configures it, over a
+//! storage that only counts bytes: `support/cubecl_peer.rs` says what is modelled).
 //!
 //!     cargo run --release --example replay -- FILE... [--backend host|vulkan|gl] [--limit BYTES] [--find-limit]
 //!
@@ -13,7 +15,9 @@
 //! held, where it keeps one: wgpu on Vulkan and DX12):
 //!
 //!     replay: file=NAME backend=B lower_bound=N peak_live=N peak_reserved=N device_allocs=N steady_after=STEP [backend_reserved=N] [min_limit=N ratio=X]
-//!             pytorch_peak_reserved=N [pytorch_min_limit=N pytorch_ratio=X]
+//!             pytorch_peak_reserved=N cubecl_peak_reserved=N [pytorch_min_limit=N pytorch_ratio=X]
+#[path = "support/cubecl_peer.rs"]
+mod cubecl_peer;
 #[path = "support/logging.rs"]
 mod logging;
 
@@ -119,6 +123,14 @@ fn run<T: devalloc::backend::Pooled>(
             (None, None) => String::new(),
         }
     );
+    // CubeCL's pool takes no limit: it is replayed as it runs by default.
+    let cubecl = cubecl_peer::cubecl_replay(trace).map_err(devalloc::Error::invalid_argument)?;
+    println!(
+        "  CubeCL's pool: peak reserved {} ({:.3}x), {} storage allocation(s)",
+        cubecl.peak_reserved,
+        ratio(cubecl.peak_reserved),
+        cubecl.allocations
+    );
     let steady = r.steady_after.map_or("none".to_string(), |s| s.to_string());
     println!(
         "  device allocations {}, cache hits {}, no device allocation after step {steady}",
@@ -141,6 +153,7 @@ fn run<T: devalloc::backend::Pooled>(
         }
     }
     line += &format!(" pytorch_peak_reserved={}", torch.peak_reserved);
+    line += &format!(" cubecl_peak_reserved={}", cubecl.peak_reserved);
     if args.find_limit {
         // The peer failing (a request of 1 EiB or more, which PyTorch refuses) is a finding
         // about the peer, not an error of this replay.
