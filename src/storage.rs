@@ -91,6 +91,15 @@ pub trait Storage: WasmNotSendSync {
         0
     }
 
+    /// Called with a freed block that nobody else holds, just before the pool drops it, when
+    /// [`crate::PoolOptions::reuse_freed`] is off (the debug setting that makes a use of freed
+    /// memory show): a backend whose memory others may still reference makes such a use fail
+    /// loudly (wgpu destroys the buffer, so a submit that still uses it, through a bind group
+    /// kept past the free, is a validation error). Default: nothing.
+    fn retire(&self, block: &Self::Block) {
+        let _ = block;
+    }
+
     /// Whether a freed `block` may be cached and handed out again (`false`: it is dropped
     /// instead, say because someone else broke it).
     fn reusable(&self, block: &Self::Block) -> bool {

@@ -83,6 +83,21 @@ async fn independent_allocations_bind_together_after_churn() {
 }
 
 #[wasm_bindgen_test]
+async fn with_reuse_off_a_bind_group_kept_past_the_free_is_reported_at_the_submit() {
+    let debug = PoolOptions { reuse_freed: false, ..PoolOptions::default() };
+    let a = WgpuAllocator::with_options_async(
+        wgpu::Backend::BrowserWebGpu,
+        WgpuOptions { pool: debug, ..Default::default() },
+    )
+    .await
+    .unwrap();
+    let error = conformance::bindings::stale_bind_group(&a, 0).await.map(|e| e.to_string());
+    let message = error.expect("a destroyed buffer's bind group ran silently");
+    assert!(message.contains("destroyed") && message.contains("devalloc block"), "{message}");
+    assert!(conformance::bindings::stale_bind_group(open().await, 0).await.is_none(), "the default reuses");
+}
+
+#[wasm_bindgen_test]
 async fn ragged_async_downloads() {
     let a = open().await;
     let n = 10_007;

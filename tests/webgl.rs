@@ -87,6 +87,19 @@ mod webgl {
         conformance::model::model_check_seeded(webgl_tiny, 4).await;
     }
 
+    /// With reuse off a bind group kept past the free is a validation error at the submit (a
+    /// render pass here: WebGL2 has no compute).
+    #[wasm_bindgen_test]
+    async fn with_reuse_off_a_bind_group_kept_past_the_free_is_reported_at_the_submit() {
+        let debug = PoolOptions { reuse_freed: false, ..PoolOptions::default() };
+        let a = adopt(WgpuOptions { pool: debug, ..Default::default() }).await.unwrap();
+        let error = conformance::bindings::stale_bind_group(&a, 0).await.map(|e| e.to_string());
+        let message = error.expect("a destroyed buffer's bind group ran silently");
+        assert!(message.contains("destroyed") && message.contains("devalloc block"), "{message}");
+        let a = adopt(WgpuOptions::default()).await.unwrap();
+        assert!(conformance::bindings::stale_bind_group(&a, 0).await.is_none(), "the default reuses");
+    }
+
     /// WebGL2 has no compute: the allocations are checked apart, and the check says so.
     #[wasm_bindgen_test]
     async fn independent_allocations_bind_together_after_churn() {

@@ -87,7 +87,12 @@ pub fn alloc_cycle(a: &WgpuAllocator, quick: bool) {
     let uncached = WgpuAllocator::from_device_with_options(
         device.clone(),
         queue.clone(),
-        WgpuOptions { pool: PoolOptions::default(), route: Some(a.route(0).unwrap()), ..Default::default() },
+        // Caching off: PoolOptions::default() caches (this column measured a second cache).
+        WgpuOptions {
+            pool: PoolOptions { caching: false, ..PoolOptions::default() },
+            route: Some(a.route(0).unwrap()),
+            ..Default::default()
+        },
     )
     .unwrap();
     println!("\nalloc -> free cycles per second (each ending with a poll): bare | with first use (a 4-byte write, submitted)");

@@ -90,8 +90,12 @@ pub struct PoolOptions {
     /// 0.2). Clamped to 0..=1.
     pub cache_headroom: Option<f64>,
     /// Reuse freed blocks (the default). Off, a freed block is never handed out again, even
-    /// with caching on: a debug setting that makes a use of freed memory (say, a bind group
-    /// still pointing at a freed buffer) show up instead of silently reaching a new allocation.
+    /// with caching on, and the backend retires it at the free: a debug setting that makes a
+    /// use of freed memory show up instead of silently reaching a new allocation. On wgpu the
+    /// freed buffer is destroyed, so a bind group still pointing at it makes the submit that
+    /// uses it a validation error naming the block (caught by the app's error scope or its
+    /// uncaptured-error handler); on host and CUDA the memory goes back at once. A block an
+    /// async copy still holds is only dropped.
     pub reuse_freed: bool,
     /// Size in bytes of each device's window of virtual addresses: a power of two from 2^17 to
     /// 2^52 (the default). Smaller windows exist for tests of the reuse rule; a full-size
@@ -288,6 +292,9 @@ impl<S: Storage> Pool<S> {
             }
             (_, block) => {
                 state.stats.reserved_bytes -= capacity;
+                if let (false, Ok(owned)) = (config.reuse_freed, &block) {
+                    self.storage.retire(owned);
+                }
                 Some(block)
             }
         };

@@ -55,8 +55,10 @@
 //! - **The cache's reuse rule.** A freed buffer is cached and handed out again: a bind group
 //!   (or any command) built on a freed allocation then reaches the next allocation in that
 //!   buffer, as with every caching allocator (PyTorch's included). Drop bind groups before
-//!   freeing. `PoolOptions::reuse_freed = false` never reuses freed buffers, so such a bug shows
-//!   in testing.
+//!   freeing. `PoolOptions::reuse_freed = false` never reuses freed buffers and destroys each
+//!   at its free, so such a bug shows in testing: the submit that uses a bind group kept past
+//!   the free is a validation error ("... has been destroyed", naming the block) in the app's
+//!   error scope or its uncaptured-error handler.
 //! - **Async.** On native the `_async` copies return `Pending` and are woken by a polling
 //!   thread per device (map callbacks and `on_device_lost` then run on it, so
 //!   `on_device_lost` must not call back into devalloc); the blocking copies poll inline. In

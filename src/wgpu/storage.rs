@@ -231,6 +231,13 @@ impl Storage for WgpuStorage {
         Ok(WgpuBlock::new(buffer))
     }
 
+    /// Destroys the buffer (with `reuse_freed` off): a bind group the app kept past the free
+    /// then makes its submit a validation error naming the block, instead of running on the
+    /// old bytes. Work already submitted on it completes first (wgpu defers the destruction).
+    fn retire(&self, block: &WgpuBlock) {
+        block.buffer.destroy();
+    }
+
     fn reusable(&self, block: &WgpuBlock) -> bool {
         !block.spoiled.load(Ordering::Acquire)
     }

@@ -136,3 +136,126 @@ pub async fn independent_allocations_bind_together_after_churn(a: &WgpuAllocator
         a.deallocate(p, i).unwrap();
     }
 }
+
+const STALE_KERNEL: &str = r#"
+struct P { x: vec4<f32> }
+@group(0) @binding(0) var<uniform> p: P;
+@compute @workgroup_size(1)
+fn main() { _ = p.x; }
+@vertex
+fn vs(@builtin(vertex_index) i: u32) -> @builtin(position) vec4<f32> {
+    return vec4<f32>(p.x.x + f32(i) * 0.0, 0.0, 0.0, 1.0);
+}
+@fragment
+fn fs() -> @location(0) vec4<f32> { return p.x; }
+"#;
+
+/// A bind group the app keeps past the free of the allocation it binds, then submits: with
+/// `PoolOptions::reuse_freed` off the submit is a validation error naming the destroyed block
+/// (what the docs promise); with reuse on (the default) it runs silently on the old buffer,
+/// the bug that setting exists to show. Through a compute dispatch where the device has
+/// compute, a render pass to a 1x1 texture elsewhere (WebGL2). Returns wgpu's error.
+pub async fn stale_bind_group(a: &WgpuAllocator, i: DeviceIndex) -> Option<wgpu::Error> {
+    let device = a.device(i).unwrap();
+    let params = a
+        .allocate_request(&BufferRequest::new(16).usage(wgpu::BufferUsages::UNIFORM).label("params"), i)
+        .unwrap();
+    h2d(a, params, bytemuck::cast_slice(&[0.5f32, 0.5, 0.5, 1.0]), i).await.unwrap();
+    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some("stale"),
+        source: wgpu::ShaderSource::Wgsl(STALE_KERNEL.into()),
+    });
+    let compute = device.limits().max_compute_workgroup_size_x > 0;
+    let mut enc = device.create_command_encoder(&Default::default());
+    let range = a.buffer(params, i).unwrap();
+    let entries = [wgpu::BindGroupEntry {
+        binding: 0,
+        resource: wgpu::BindingResource::Buffer(range.binding(BindingKind::Uniform).unwrap()),
+    }];
+    if compute {
+        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some("stale"),
+            layout: None,
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        let layout = pipeline.get_bind_group_layout(0);
+        let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &layout,
+            entries: &entries,
+        });
+        drop(range);
+        a.deallocate(params, i).unwrap();
+        let mut pass = enc.begin_compute_pass(&Default::default());
+        pass.set_pipeline(&pipeline);
+        pass.set_bind_group(0, &group, &[]);
+        pass.dispatch_workgroups(1, 1, 1);
+    } else {
+        let format = wgpu::TextureFormat::Rgba8Unorm;
+        let target = device.create_texture(&wgpu::TextureDescriptor {
+            label: Some("stale"),
+            size: wgpu::Extent3d { width: 1, height: 1, depth_or_array_layers: 1 },
+            mip_level_count: 1,
+            sample_count: 1,
+            dimension: wgpu::TextureDimension::D2,
+            format,
+            usage: wgpu::TextureUsages::RENDER_ATTACHMENT,
+            view_formats: &[],
+        });
+        let view = target.create_view(&Default::default());
+        let pipeline = device.create_render_pipeline(&wgpu::RenderPipelineDescriptor {
+            label: Some("stale"),
+            layout: None,
+            vertex: wgpu::VertexState {
+                module: &module,
+                entry_point: Some("vs"),
+                compilation_options: Default::default(),
+                buffers: &[],
+            },
+            primitive: Default::default(),
+            depth_stencil: None,
+            multisample: Default::default(),
+            fragment: Some(wgpu::FragmentState {
+                module: &module,
+                entry_point: Some("fs"),
+                compilation_options: Default::default(),
+                targets: &[Some(format.into())],
+            }),
+            multiview_mask: None,
+            cache: None,
+        });
+        let layout = pipeline.get_bind_group_layout(0);
+        let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &layout,
+            entries: &entries,
+        });
+        drop(range);
+        a.deallocate(params, i).unwrap();
+        let mut pass = enc.begin_render_pass(&wgpu::RenderPassDescriptor {
+            label: Some("stale"),
+            color_attachments: &[Some(wgpu::RenderPassColorAttachment {
+                view: &view,
+                depth_slice: None,
+                resolve_target: None,
+                ops: wgpu::Operations {
+                    load: wgpu::LoadOp::Clear(wgpu::Color::BLACK),
+                    store: wgpu::StoreOp::Store,
+                },
+            })],
+            depth_stencil_attachment: None,
+            timestamp_writes: None,
+            occlusion_query_set: None,
+            multiview_mask: None,
+        });
+        pass.set_pipeline(&pipeline);
+        pass.set_bind_group(0, &group, &[]);
+        pass.draw(0..3, 0..1);
+    }
+    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+    a.queue(i).unwrap().submit([enc.finish()]);
+    scope.pop().await
+}

@@ -1,6 +1,7 @@
 //! What wgpu holds beneath devalloc's pool: independent allocations never share a buffer (the
-//! binding check of the conformance suite, on Vulkan's two routes and GL), and the memory hints
-//! devalloc gives a device it opens keep wgpu's own allocator close to what the pool holds.
+//! binding check of the conformance suite, on Vulkan's two routes and GL), the memory hints
+//! devalloc gives a device it opens keep wgpu's own allocator close to what the pool holds, and
+//! with `reuse_freed` off a freed buffer is destroyed, so a stale bind group shows at its submit.
 
 use crate::conformance::{self, bindings};
 
@@ -92,4 +93,22 @@ fn wgpus_own_blocks_stay_close_to_what_the_pool_holds() {
         backend as f64 / pool as f64
     );
     assert!(backend < 2 * pool + (8 << 20), "{backend} beneath {pool}");
+}
+
+#[test]
+fn with_reuse_off_a_bind_group_kept_past_the_free_is_reported_at_the_submit() {
+    for backend in [wgpu::Backend::Vulkan, wgpu::Backend::Gl] {
+        let debug = devalloc::PoolOptions { reuse_freed: false, ..Default::default() };
+        let Some(a) = open(backend, WgpuOptions { pool: debug, ..WgpuOptions::default() }) else { continue };
+        let error = pollster::block_on(bindings::stale_bind_group(&a, 0)).map(|e| e.to_string());
+        let message =
+            error.unwrap_or_else(|| panic!("{backend:?}: a destroyed buffer's bind group ran silently"));
+        assert!(
+            message.contains("destroyed") && message.contains("devalloc block"),
+            "{backend:?}: {message}"
+        );
+        // The default reuses freed buffers: the same bug runs silently (what the setting shows).
+        let Some(a) = open(backend, WgpuOptions::default()) else { continue };
+        assert!(pollster::block_on(bindings::stale_bind_group(&a, 0)).is_none(), "{backend:?}");
+    }
 }
