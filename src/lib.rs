@@ -52,8 +52,8 @@
 //!   not at all; copies that move in chunks check both ends before the first chunk (a device
 //!   failing half-way through a chunked copy can leave the chunks before it written).
 //! - Every failure is an [`Error`], never a panic, and a failed call changes nothing: not the
-//!   data, not the stats (one exception: an allocation that runs out of memory may first give
-//!   the cache back to the device, as PyTorch's does). Impossible requests are
+//!   data, not the stats (one exception: an allocation that fails on the device may first have
+//!   given cached blocks back to it, to make room, as PyTorch's does). Impossible requests are
 //!   [`Error::TooLarge`] or [`Error::InvalidArgument`]; [`Error::OutOfMemory`] means "not now"
 //!   and says what is held. In the browser, WebGPU reports a buffer it could not create only
 //!   later, asynchronously: devalloc logs it, and the allocation has already returned.

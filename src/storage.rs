@@ -34,7 +34,8 @@ pub trait Storage: WasmNotSendSync {
     fn max_block_size(&self) -> u64;
 
     /// The capacity a block gets for a request of `size` bytes when the pool caches (a cached
-    /// block serves requests whose capacity is up to an eighth smaller); `None` on overflow.
+    /// block serves a request whose capacity it exceeds by at most an eighth); `None` on
+    /// overflow.
     /// Default: the size rounded up to 512 bytes.
     fn size_class(&self, size: u64) -> Option<u64> {
         crate::pool::default_size_class(size)

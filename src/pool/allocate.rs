@@ -127,6 +127,10 @@ impl<S: Storage> Pool<S> {
         let reuse = config.caching && config.reuse_freed;
         let cached = if reuse { state.cache.take_fit(&lo, fit) } else { None };
         let held = state.stats.reserved_bytes + state.pending;
+        if cached.is_none() && held.checked_add(plan.key.capacity).is_none() {
+            let detail = "the pool would hold more than 2^64 bytes".to_string();
+            return Err(self.out_of_memory(&state, plan.size, detail));
+        }
         if let (None, Some(limit)) = (&cached, config.memory_limit) {
             // Not even with the cache given back: the exact size, or refuse before anything changes.
             let floor = held - state.stats.cached_bytes;
@@ -143,8 +147,8 @@ impl<S: Storage> Pool<S> {
             None => None,
             Some(Ok(reservation)) => Some(reservation),
             Some(Err(refused)) => {
-                if let Some((key, block)) = cached {
-                    state.cache.put(key, block);
+                if let Some((taken, block)) = cached {
+                    state.cache.put_back(taken, block);
                 }
                 return Err(match refused {
                     Refused::NeverFits { max } if plan.size > max => {
@@ -160,9 +164,9 @@ impl<S: Storage> Pool<S> {
                 });
             }
         };
-        if let Some((key, block)) = cached {
-            state.stats.cached_bytes -= key.capacity;
-            plan.key = key;
+        if let Some((taken, block)) = cached {
+            state.stats.cached_bytes -= taken.key.capacity;
+            plan.key = taken.key;
             return Ok((Source::Cached(block), reservation));
         }
         let capacity = plan.key.capacity;
@@ -202,11 +206,12 @@ impl<S: Storage> Pool<S> {
         let wanted = Key { capacity: plan.exact, ..plan.key.clone() };
         plan.proven = state.budget.missed(&wanted, fit);
         let capacity = plan.key.capacity;
-        let held = state.stats.reserved_bytes + state.pending + capacity;
+        let held = state.stats.reserved_bytes.saturating_add(state.pending).saturating_add(capacity);
         let live = held - state.stats.cached_bytes;
         let budget = &state.budget;
-        let (bytes, given) =
-            state.cache.evict_oldest(|freed, proven| held - freed > budget.limit(live, fraction, proven));
+        let (bytes, given) = state
+            .cache
+            .evict_oldest(|freed, proven| held.saturating_sub(freed) > budget.limit(live, fraction, proven));
         if bytes == 0 {
             return Vec::new();
         }

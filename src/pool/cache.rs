@@ -1,7 +1,7 @@
 //! The pool's cache of freed blocks, keyed by what a block can be reused for, and its size
 //! classes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use crate::checks::round_up;
 
@@ -15,21 +15,36 @@ pub(crate) struct Key<P> {
     pub capacity: u64,
 }
 
-/// A block in the cache, with the pool's id for it and whether the workload has come back to
-/// it (reused it, or asked again for its size after the budget gave one back).
+/// A block in the cache, with the pool's id for it and whether it is proven (made for a size
+/// the workload asked for again after the budget gave one back, see `budget.rs`).
 pub(crate) struct Cached<B> {
     pub id: u64,
     pub block: B,
     pub proven: bool,
 }
 
-/// Freed blocks by [`Key`] (each with the order it was cached in), the same blocks in the
-/// order the budget gives them back (unproven before proven, oldest first), and the bytes they
-/// hold.
+/// Where a block taken out of the cache was, so that a refused request can put it back as it
+/// was (its place in the order the budget gives blocks back included).
+pub(crate) struct Taken<P> {
+    pub key: Key<P>,
+    seq: u64,
+}
+
+/// Freed blocks by [`Key`] (each list in the order its blocks were cached), the same blocks in
+/// the order the budget gives them back (unproven before proven, each oldest first), and the
+/// bytes they hold.
+///
+/// Kept cheap for the hot cycle (a free, then an allocation of the same size): a key's list
+/// stays in the map while empty (pruned when empty lists outnumber the others), and the age
+/// queues are lazy: taking a block leaves its entry, which the budget skips once it finds the
+/// block gone (the queues are rebuilt when stale entries outnumber live ones).
 pub(crate) struct BlockCache<B, P> {
-    blocks: BTreeMap<Key<P>, Vec<(u64, Cached<B>)>>,
-    by_age: BTreeMap<(bool, u64), Key<P>>,
+    blocks: BTreeMap<Key<P>, VecDeque<(u64, Cached<B>)>>,
+    /// (seq, key) of unproven blocks, then of proven ones, oldest first; may hold stale entries.
+    ages: [VecDeque<(u64, Key<P>)>; 2],
     next_seq: u64,
+    count: usize,
+    empty_lists: usize,
     bytes: u64,
     proven_bytes: u64,
 }
@@ -38,72 +53,118 @@ impl<B, P: Ord + Clone> BlockCache<B, P> {
     pub fn new() -> Self {
         BlockCache {
             blocks: BTreeMap::new(),
-            by_age: BTreeMap::new(),
+            ages: [VecDeque::new(), VecDeque::new()],
             next_seq: 0,
+            count: 0,
+            empty_lists: 0,
             bytes: 0,
             proven_bytes: 0,
         }
     }
 
-    /// Takes the newest block of `key` out (the caller has checked there is one).
-    fn pop(&mut self, key: &Key<P>) -> Option<Cached<B>> {
+    /// Takes the newest block of `key` out.
+    fn pop(&mut self, key: &Key<P>) -> Option<(u64, Cached<B>)> {
         let list = self.blocks.get_mut(key)?;
-        let (seq, cached) = list.pop()?;
+        let (seq, cached) = list.pop_back()?;
         if list.is_empty() {
-            self.blocks.remove(key);
+            self.empty_lists += 1;
         }
-        self.by_age.remove(&(cached.proven, seq));
         self.forget(key.capacity, cached.proven);
-        Some(cached)
+        Some((seq, cached))
     }
 
     fn forget(&mut self, capacity: u64, proven: bool) {
+        self.count -= 1;
         self.bytes -= capacity;
         if proven {
             self.proven_bytes -= capacity;
         }
     }
 
-    /// The smallest cached block for `key`'s alignment and params whose capacity lies in
-    /// `key.capacity..=max`, with its key (best fit).
-    pub fn take_fit(&mut self, key: &Key<P>, max: u64) -> Option<(Key<P>, Cached<B>)> {
-        let hi = Key { capacity: max, ..key.clone() };
-        let found = self.blocks.range(key..=&hi).next().map(|(k, _)| k.clone())?;
-        let cached = self.pop(&found)?;
-        Some((found, cached))
-    }
-
-    /// Keeps `block` for reuse under `key`.
-    pub fn put(&mut self, key: Key<P>, cached: Cached<B>) {
+    /// Files `cached` under `key` at `seq` (the newest of its key when `newest`).
+    fn file(&mut self, key: Key<P>, seq: u64, cached: Cached<B>) {
+        self.count += 1;
         self.bytes += key.capacity;
         if cached.proven {
             self.proven_bytes += key.capacity;
         }
+        let list = self.blocks.entry(key).or_default();
+        if list.is_empty() && list.capacity() > 0 {
+            self.empty_lists -= 1;
+        }
+        list.push_back((seq, cached));
+    }
+
+    /// The smallest cached block for `key`'s alignment and params whose capacity lies in
+    /// `key.capacity..=max` (best fit), and where it was.
+    pub fn take_fit(&mut self, key: &Key<P>, max: u64) -> Option<(Taken<P>, Cached<B>)> {
+        let hi = Key { capacity: max, ..key.clone() };
+        let found = self.blocks.range(key..=&hi).find(|(_, l)| !l.is_empty()).map(|(k, _)| k.clone())?;
+        let (seq, cached) = self.pop(&found)?;
+        Some((Taken { key: found, seq }, cached))
+    }
+
+    /// Puts back a block [`BlockCache::take_fit`] took, exactly as it was.
+    pub fn put_back(&mut self, taken: Taken<P>, cached: Cached<B>) {
+        self.file(taken.key, taken.seq, cached);
+    }
+
+    /// Keeps `block` for reuse under `key`.
+    pub fn put(&mut self, key: Key<P>, cached: Cached<B>) {
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.by_age.insert((cached.proven, seq), key.clone());
-        self.blocks.entry(key).or_default().push((seq, cached));
+        self.ages[usize::from(cached.proven)].push_back((seq, key.clone()));
+        self.file(key, seq, cached);
+        if self.ages[0].len() + self.ages[1].len() > 2 * self.count + 64 {
+            self.rebuild_ages();
+        }
+    }
+
+    /// Drops the stale entries of the age queues, and the empty lists.
+    fn rebuild_ages(&mut self) {
+        let mut live: Vec<(bool, u64, Key<P>)> = Vec::with_capacity(self.count);
+        for (key, list) in &self.blocks {
+            live.extend(list.iter().map(|(seq, c)| (c.proven, *seq, key.clone())));
+        }
+        live.sort_by_key(|(proven, seq, _)| (*proven, *seq));
+        self.ages = [VecDeque::new(), VecDeque::new()];
+        for (proven, seq, key) in live {
+            self.ages[usize::from(proven)].push_back((seq, key));
+        }
+        self.blocks.retain(|_, l| !l.is_empty());
+        self.empty_lists = 0;
     }
 
     /// Gives back blocks while `more(bytes given back so far, proven bytes still cached)` says
     /// so: unproven blocks before proven ones, each kind oldest first (what the workload stopped
     /// asking for). The caller drops the blocks (outside its lock).
     pub fn evict_oldest(&mut self, mut more: impl FnMut(u64, u64) -> bool) -> (u64, Vec<(Key<P>, B)>) {
-        let mut freed = 0;
+        let mut freed = 0u64;
         let mut out = Vec::new();
-        while more(freed, self.proven_bytes) {
-            let Some(((proven, seq), key)) = self.by_age.pop_first() else { break };
-            let list = self.blocks.get_mut(&key).expect("every aged block is listed");
-            let at = list.iter().position(|(s, _)| *s == seq).expect("listed under its key");
-            let (_, cached) = list.remove(at);
+        while self.count > 0 && more(freed, self.proven_bytes) {
+            let kind = usize::from(self.ages[0].is_empty());
+            let Some((seq, key)) = self.ages[kind].pop_front() else { break };
+            // A stale entry (the block was taken since) is skipped.
+            let Some(list) = self.blocks.get_mut(&key) else { continue };
+            let Some(at) = list.iter().position(|(s, _)| *s == seq) else { continue };
+            let (_, cached) = list.remove(at).expect("found above");
             if list.is_empty() {
-                self.blocks.remove(&key);
+                self.empty_lists += 1;
             }
-            self.forget(key.capacity, proven);
-            freed += key.capacity;
+            self.forget(key.capacity, cached.proven);
+            freed = freed.saturating_add(key.capacity);
             out.push((key, cached.block));
         }
+        self.prune();
         (freed, out)
+    }
+
+    /// Drops empty lists once they outnumber the others.
+    fn prune(&mut self) {
+        if self.empty_lists > 64 && self.empty_lists > self.blocks.len() / 2 {
+            self.blocks.retain(|_, l| !l.is_empty());
+            self.empty_lists = 0;
+        }
     }
 
     /// Gives back at least `bytes` (or everything, if the cache holds less), touching as few
@@ -114,7 +175,8 @@ impl<B, P: Ord + Clone> BlockCache<B, P> {
             let all = self.bytes;
             return (all, self.take_all());
         }
-        let mut by_size: Vec<(u64, Key<P>)> = self.blocks.keys().map(|k| (k.capacity, k.clone())).collect();
+        let mut by_size: Vec<(u64, Key<P>)> =
+            self.blocks.iter().filter(|(_, l)| !l.is_empty()).map(|(k, _)| (k.capacity, k.clone())).collect();
         by_size.sort_by_key(|(c, _)| *c);
         let pick: Vec<Key<P>> = match by_size.iter().find(|(c, _)| *c >= bytes) {
             Some((_, k)) => vec![k.clone()],
@@ -137,11 +199,12 @@ impl<B, P: Ord + Clone> BlockCache<B, P> {
         let mut freed = 0;
         let mut out = Vec::new();
         for k in pick {
-            if let Some(c) = self.pop(&k) {
+            if let Some((_, c)) = self.pop(&k) {
                 freed += k.capacity;
                 out.push(c.block);
             }
         }
+        self.prune();
         (freed, out)
     }
 
@@ -149,7 +212,9 @@ impl<B, P: Ord + Clone> BlockCache<B, P> {
     pub fn take_all(&mut self) -> Vec<B> {
         self.bytes = 0;
         self.proven_bytes = 0;
-        self.by_age.clear();
+        self.count = 0;
+        self.empty_lists = 0;
+        self.ages = [VecDeque::new(), VecDeque::new()];
         std::mem::take(&mut self.blocks).into_values().flatten().map(|(_, c)| c.block).collect()
     }
 
@@ -161,7 +226,7 @@ impl<B, P: Ord + Clone> BlockCache<B, P> {
     /// (capacity, number of blocks) of what is cached, by capacity.
     pub fn counts(&self) -> Vec<(u64, u64)> {
         let mut by: BTreeMap<u64, u64> = BTreeMap::new();
-        for (k, list) in &self.blocks {
+        for (k, list) in self.blocks.iter().filter(|(_, l)| !l.is_empty()) {
             *by.entry(k.capacity).or_default() += list.len() as u64;
         }
         by.into_iter().collect()
@@ -219,7 +284,7 @@ mod tests {
         put(&mut c, 1024, 3);
         assert_eq!(c.bytes(), 2048);
         let (k, got) = c.take_fit(&key(400), 640).unwrap();
-        assert_eq!((k.capacity, got.block), (512, 2));
+        assert_eq!((k.key.capacity, got.block), (512, 2));
         assert!(c.take_fit(&key(600), 1000).is_none(), "1024 is past the bound");
         assert!(
             c.take_fit(&Key { capacity: 100, alignment: 2, params: () }, 4096).is_none(),
@@ -262,14 +327,42 @@ mod tests {
         let got: Vec<(u64, u32)> = out.into_iter().map(|(k, b)| (k.capacity, b)).collect();
         assert_eq!((freed, got), (1536, vec![(1024, 0), (512, 1)]));
         assert_eq!((c.bytes(), c.counts()), (6144, vec![(2048, 1), (4096, 1)]));
-        // The proven block goes last, and the callback sees the proven bytes left.
+        // The proven block goes last (block 2's entry, stale since it was taken, is skipped),
+        // and the callback sees the proven bytes left.
         let mut seen = Vec::new();
         let (freed, out) = c.evict_oldest(|_, proven| {
             seen.push(proven);
             true
         });
-        assert_eq!((freed, out.len(), c.bytes()), (6144, 2, 0));
-        assert_eq!(seen, [4096, 4096, 0]);
+        let got: Vec<(u64, u32)> = out.into_iter().map(|(k, b)| (k.capacity, b)).collect();
+        assert_eq!((freed, got, c.bytes()), (6144, vec![(2048, 3), (4096, 100)], 0));
+        assert!(seen.iter().all(|&p| p == 4096), "{seen:?}");
         assert!(c.take_fit(&key(1), u64::MAX).is_none());
+    }
+
+    #[test]
+    fn a_block_put_back_is_as_it_was_and_stale_ages_are_dropped() {
+        let mut c: BlockCache<u32, ()> = BlockCache::new();
+        put(&mut c, 512, 0);
+        put(&mut c, 1024, 1);
+        let (taken, got) = c.take_fit(&key(512), 512).unwrap();
+        c.put_back(taken, got);
+        // Still the oldest: the budget gives it back first.
+        let (_, out) = c.evict_oldest(|freed, _| freed == 0);
+        assert_eq!(out[0].1, 0);
+        // A hot cycle of one size leaves at most a bounded number of stale entries behind.
+        for round in 0..10_000u32 {
+            put(&mut c, 4096, round % 7);
+            c.take_fit(&key(4096), 4096).unwrap();
+        }
+        assert!(c.ages[0].len() + c.ages[1].len() <= 2 * c.count + 64, "{}", c.ages[0].len());
+        assert_eq!((c.bytes(), c.counts()), (1024, vec![(1024, 1)]));
+        // Many sizes cached and taken leave their empty lists to be pruned.
+        for size in 1..2000u64 {
+            put(&mut c, size * 512, 1);
+        }
+        let (freed, out) = c.evict_oldest(|_, _| true);
+        assert_eq!((out.len(), c.bytes()), (2000, 0), "{freed}");
+        assert!(c.blocks.len() <= 64, "{} lists left", c.blocks.len());
     }
 }

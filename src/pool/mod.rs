@@ -24,9 +24,11 @@
 //! - **The budget** (no limit needed): the pool holds at most its live high-water mark plus
 //!   [`PoolOptions::cache_headroom`] of it (1/16 by default), plus up to another sixteenth in
 //!   blocks the workload proved it comes back to. A fresh block that would pass it first gives
-//!   back cached blocks, the ones freed longest ago first (see `budget.rs`). A workload that
-//!   repeats settles; one that moves on (a growing KV cache, varying shapes) gives back what it
-//!   stopped using, before the device or a limit makes it.
+//!   back cached blocks, the ones freed longest ago first (see `budget.rs`). One that moves on
+//!   (a growing KV cache, varying shapes) gives back what it stopped using, before the device
+//!   or a limit makes it; one that repeats settles where its blocks exceed what it holds live
+//!   at once by at most that eighth, and keeps asking the device otherwise (a larger headroom,
+//!   or none, for it).
 //! - **Out of memory.** Past the memory limit, as few cached blocks as make room are given back
 //!   (the smallest one that is enough, else the largest first); if even the whole cache would
 //!   not make room for the rounded capacity, the exact size is tried; else the request fails. When
@@ -85,9 +87,14 @@ pub struct PoolOptions {
     /// the pool keeps in its cache, as a fraction of that mark: `Some(1.0 / 16.0)` by default.
     /// A fresh block that would take the pool past it first gives back the blocks cached
     /// longest ago; the headroom grows (up to an eighth of the mark) when the workload asks again for
-    /// a size it gave back, so a repeating workload still settles. `None`: the cache keeps
-    /// every freed block until a limit, an out-of-memory or `empty_cache` (devalloc before
-    /// 0.2). Clamped to 0..=1.
+    /// a size it gave back. A workload that repeats settles only where the blocks one
+    /// repetition uses exceed what it holds live at once by at most that eighth (sequential
+    /// temporaries of sizes far apart, or a whole model's history replayed again, need more:
+    /// give them a larger headroom, or `None`). The mark never comes down: after a large
+    /// phase the pool may keep up to that much cached (`empty_cache` gives it back). `None`:
+    /// no budget, the cache keeps every freed block until a limit, an out-of-memory or
+    /// `empty_cache` (capacities still round to 512 bytes, not to the quarter classes of
+    /// devalloc before this option). Clamped to 0..=1; NaN counts as 0.
     pub cache_headroom: Option<f64>,
     /// Reuse freed blocks (the default). Off, a freed block is never handed out again, even
     /// with caching on, and the backend retires it at the free: a debug setting that makes a

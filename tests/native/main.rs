@@ -23,6 +23,7 @@ mod inputs;
 mod plan;
 mod plan_search;
 mod pool_budget;
+mod pool_budget_hostile;
 mod pool_policy;
 mod registry;
 mod util;
