@@ -99,8 +99,12 @@ impl<B, P: Ord + Clone> BlockCache<B, P> {
     /// `key.capacity..=max` (best fit), and where it was.
     pub fn take_fit(&mut self, key: &Key<P>, max: u64) -> Option<(Taken<P>, Cached<B>)> {
         let hi = Key { capacity: max, ..key.clone() };
-        let found = self.blocks.range(key..=&hi).find(|(_, l)| !l.is_empty()).map(|(k, _)| k.clone())?;
-        let (seq, cached) = self.pop(&found)?;
+        let (found, list) = self.blocks.range_mut(key..=&hi).find(|(_, l)| !l.is_empty())?;
+        let (seq, cached) = list.pop_back()?;
+        let emptied = list.is_empty();
+        let found = found.clone();
+        self.empty_lists += usize::from(emptied);
+        self.forget(found.capacity, cached.proven);
         Some((Taken { key: found, seq }, cached))
     }
 
@@ -115,7 +119,7 @@ impl<B, P: Ord + Clone> BlockCache<B, P> {
         self.next_seq += 1;
         self.ages[usize::from(cached.proven)].push_back((seq, key.clone()));
         self.file(key, seq, cached);
-        if self.ages[0].len() + self.ages[1].len() > 2 * self.count + 64 {
+        if self.ages[0].len() + self.ages[1].len() > 2 * self.count + 1024 {
             self.rebuild_ages();
         }
     }
@@ -355,7 +359,7 @@ mod tests {
             put(&mut c, 4096, round % 7);
             c.take_fit(&key(4096), 4096).unwrap();
         }
-        assert!(c.ages[0].len() + c.ages[1].len() <= 2 * c.count + 64, "{}", c.ages[0].len());
+        assert!(c.ages[0].len() + c.ages[1].len() <= 2 * c.count + 1024, "{}", c.ages[0].len());
         assert_eq!((c.bytes(), c.counts()), (1024, vec![(1024, 1)]));
         // Many sizes cached and taken leave their empty lists to be pruned.
         for size in 1..2000u64 {
