@@ -81,6 +81,7 @@ impl fmt::Display for Registration {
 /// already have an allocator are left as they are.
 pub fn register_available(registry: &DeviceAllocatorRegistry) -> Vec<Registration> {
     let mut report = Vec::new();
+    let making = registry.making();
     if registry.get_allocator(DeviceType::Cpu).is_some() {
         report.push(Registration {
             device_type: DeviceType::Cpu,
@@ -90,6 +91,7 @@ pub fn register_available(registry: &DeviceAllocatorRegistry) -> Vec<Registratio
         let host: &'static HostAllocator = Box::leak(Box::new(HostAllocator::new()));
         report.push(Registration::made(registry, DeviceType::Cpu, Ok(host)));
     }
+    drop(making);
     report.extend(wgpu_backends(registry));
     report.push(cuda(registry));
     report
@@ -97,6 +99,7 @@ pub fn register_available(registry: &DeviceAllocatorRegistry) -> Vec<Registratio
 
 #[cfg(all(feature = "cuda", native))]
 fn cuda(registry: &DeviceAllocatorRegistry) -> Registration {
+    let _making = registry.making();
     if registry.get_allocator(DeviceType::Cuda).is_some() {
         return Registration {
             device_type: DeviceType::Cuda,

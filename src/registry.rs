@@ -76,7 +76,7 @@ impl DeviceAllocatorRegistry {
         if let Some(a) = self.get_allocator(device_type) {
             return Ok(a);
         }
-        let _making = self.making.lock().unpoisoned();
+        let _making = self.making();
         if let Some(a) = self.get_allocator(device_type) {
             return Ok(a);
         }
@@ -89,6 +89,13 @@ impl DeviceAllocatorRegistry {
         }
         self.register_allocator(made)?;
         Ok(made)
+    }
+
+    /// Held while an allocator is made and registered (by [`Self::get_or_register`],
+    /// [`crate::register_available`], `wgpu::register_backends`), so that two threads never
+    /// both make one for a type and one of them loses.
+    pub(crate) fn making(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.making.lock().unpoisoned()
     }
 
     /// The allocator registered for `device_type`, if any.

@@ -192,10 +192,11 @@ class DeviceAllocator final : public et::DeviceAllocator {
 };
 
 /// The process's adapter for `type` (CPU or CUDA): one object for the life of the process,
-/// as ExecuTorch's registry wants.
+/// as ExecuTorch's registry wants. Never destroyed (leaked on purpose): a `DeviceMemoryBuffer`
+/// with static storage may free through it after `main` returns.
 inline DeviceAllocator& adapter(DeviceType type) {
-  static DeviceAllocator cpu(DeviceType::CPU);
-  static DeviceAllocator cuda(DeviceType::CUDA);
+  static DeviceAllocator& cpu = *new DeviceAllocator(DeviceType::CPU);
+  static DeviceAllocator& cuda = *new DeviceAllocator(DeviceType::CUDA);
   return type == DeviceType::CUDA ? cuda : cpu;
 }
 

@@ -1,6 +1,6 @@
 //! devalloc's `log` records on stderr, for C programs (which have no Rust logger to install).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 
 use log::{LevelFilter, Log, Metadata, Record};
 
@@ -41,7 +41,7 @@ impl Log for Stderr {
 }
 
 static STDERR: Stderr = Stderr;
-static INSTALLED: AtomicBool = AtomicBool::new(false);
+static INSTALLED: Mutex<bool> = Mutex::new(false);
 
 /// Sends devalloc's log to stderr at `level` (0 = off to 5 = trace); again to change the level.
 /// `NOT_SUPPORTED` when another logger (a Rust host's own) is installed in the process.
@@ -55,14 +55,16 @@ pub fn to_stderr(level: i32) -> Outcome {
         5 => LevelFilter::Trace,
         _ => return Err(Failure::invalid(format!("log level {level}: expected 0 (off) to 5 (trace)"))),
     };
-    if !INSTALLED.load(Ordering::Acquire) {
+    // Checked and installed under one lock: threads calling at once all see it installed.
+    let mut installed = INSTALLED.lock().unwrap_or_else(|e| e.into_inner());
+    if !*installed {
         log::set_logger(&STDERR).map_err(|_| {
             Failure::new(
                 DevallocStatus::NotSupported,
                 "another logger is installed in this process: it gets devalloc's log",
             )
         })?;
-        INSTALLED.store(true, Ordering::Release);
+        *installed = true;
     }
     log::set_max_level(filter);
     Ok(())

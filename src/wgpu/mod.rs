@@ -118,6 +118,8 @@ pub fn register_backends(registry: &DeviceAllocatorRegistry, options: &WgpuOptio
         if !wgpu::Instance::enabled_backend_features().contains(backend.into()) {
             continue;
         }
+        // Held while the allocator is made, as `get_or_register` does: no thread makes a second.
+        let _making = registry.making();
         if registry.get_allocator(device_type).is_some() {
             report.push(Registration { device_type, outcome: RegistrationOutcome::AlreadyRegistered });
             continue;

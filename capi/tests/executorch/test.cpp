@@ -94,6 +94,17 @@ TEST(Registration, ErrorsMapToExecuTorchs) {
   EXPECT_EQ(to_error(static_cast<DevallocStatus>(99)), Error::Internal);
 }
 
+/// Freed by its destructor after main returns: the adapter must still be there then (a
+/// static adapter destroyed first made this a "pure virtual method called" abort).
+DeviceMemoryBuffer g_outlives_main;
+
+TEST(Registration, AStaticBufferFreesAfterMain) {
+  auto made = DeviceMemoryBuffer::create(4096, DeviceType::CPU);
+  ASSERT_TRUE(made.ok());
+  g_outlives_main = std::move(made.get());
+  EXPECT_EQ(g_outlives_main.size(), 4096u);
+}
+
 TEST(Registration, NoPanicReachesCpp) {
   EXPECT_EQ(devalloc_selftest_panic(), DEVALLOC_STATUS_INTERNAL);
   EXPECT_NE(std::strstr(devalloc_last_error(), "on purpose"), nullptr) << devalloc_last_error();
