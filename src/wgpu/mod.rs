@@ -66,6 +66,21 @@
 //!   [`crate::Error::NotSupported`] naming their async twin.
 //! - **App buffers.** `copy_to_buffer` / `copy_from_buffer` move data between devalloc memory
 //!   and buffers the app made, on the GPU, in queue order.
+//! - **Ordering with the app's own work.** devalloc uses the device's one queue. A copy through
+//!   devalloc sees all the work the app submitted before it, on both routes (staged: devalloc's
+//!   copy is queued after it; direct: mapping the buffer waits for it), and work the app submits
+//!   after a blocking copy returned (or an async one completed) sees the copy's data. On the
+//!   direct route a devalloc buffer is mapped while a copy on it is in flight, and wgpu refuses
+//!   to submit work on a mapped buffer: the app must not submit work that uses a buffer while
+//!   another thread's copy, or an async copy not yet complete, is on it. `synchronize(index)`
+//!   waits for everything queued. (The conformance suite's binding check dispatches the app's
+//!   kernel, then reads its output through devalloc, on both routes.)
+//! - **Dynamic shapes.** Plan for the largest shape (one `PlannedMemory` for the biggest batch;
+//!   smaller batches use the start of each tensor's range), or allocate per shape and let the
+//!   cache serve them: a freed buffer serves requests up to an eighth smaller than it, and the
+//!   pool's budget gives back the sizes the workload stopped asking for (see `PoolOptions`).
+//! - **Owning memory without the registry.** `DeviceMemoryBuffer::create_on(&alloc, size,
+//!   index, alignment)` allocates on this allocator and frees on drop.
 //!
 //! `examples/mlp.rs` is such an app: a 2-layer network whose weights are devalloc allocations
 //! and whose activations live in one planned buffer, beside the app's own uniform buffers.
