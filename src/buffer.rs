@@ -95,6 +95,33 @@ impl<'a> DeviceMemoryBuffer<'a> {
         })
     }
 
+    /// Allocates room for `values` on `allocator` (at [`crate::DEFAULT_ALIGNMENT`]) and copies
+    /// them in: the allocate-and-fill of a weight or an input. On a failed copy the memory is
+    /// freed again and the copy's error returned; an empty slice is an
+    /// [`Error::InvalidArgument`], as a zero-size allocation is.
+    pub fn from_pod_on<T: bytemuck::NoUninit>(
+        allocator: &'a dyn DeviceAllocator,
+        values: &[T],
+        index: DeviceIndex,
+    ) -> Result<Self> {
+        let bytes: &[u8] = bytemuck::cast_slice(values);
+        let mut buf = Self::create_on(allocator, bytes.len(), index, crate::DEFAULT_ALIGNMENT)?;
+        buf.write_at(0, bytes)?;
+        Ok(buf)
+    }
+
+    /// Async twin of [`DeviceMemoryBuffer::from_pod_on`] (the browser's way).
+    pub async fn from_pod_on_async<T: bytemuck::NoUninit>(
+        allocator: &'a dyn DeviceAllocator,
+        values: &[T],
+        index: DeviceIndex,
+    ) -> Result<Self> {
+        let bytes: &[u8] = bytemuck::cast_slice(values);
+        let mut buf = Self::create_on(allocator, bytes.len(), index, crate::DEFAULT_ALIGNMENT)?;
+        buf.write_at_async(0, bytes).await?;
+        Ok(buf)
+    }
+
     /// The device address (null when empty).
     pub fn ptr(&self) -> DevicePtr {
         self.ptr

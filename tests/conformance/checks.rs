@@ -344,6 +344,21 @@ pub async fn raii_buffer(a: &'static dyn DeviceAllocator, i: DeviceIndex) {
         assert_eq!(moved.size(), 4000);
     }
     assert_eq!(a.stats(i).unwrap().live_allocations, live0, "drop did not free exactly once");
+    // Allocate-and-fill: the values are there; an empty slice is refused and allocates nothing.
+    {
+        let values: Vec<u32> = (0..777).map(|v| v * 3 + 1).collect();
+        let buf = DeviceMemoryBuffer::from_pod_on_async(a, &values, i).await.unwrap();
+        assert_eq!((buf.size(), buf.to_vec_async::<u32>().await.unwrap()), (777 * 4, values.clone()));
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            let again = DeviceMemoryBuffer::from_pod_on(a, &values[..5], i).unwrap();
+            assert_eq!(again.to_vec::<u32>().unwrap(), values[..5]);
+        }
+        let e = DeviceMemoryBuffer::from_pod_on_async::<u32>(a, &[], i).await.err().unwrap();
+        assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+        assert_eq!(a.stats(i).unwrap().live_allocations, live0 + 1);
+    }
+    assert_eq!(a.stats(i).unwrap().live_allocations, live0, "drop did not free exactly once");
 }
 
 /// A refused request changes nothing, stats included, and says the right thing: an impossible
