@@ -125,8 +125,31 @@ impl<S: Storage> Pool<S> {
         let lo = Key { capacity: plan.exact, ..plan.key.clone() };
         let fit = reuse_bound(plan.key.capacity);
         let reuse = config.caching && config.reuse_freed;
-        let cached = if reuse { state.cache.take_fit(&lo, fit) } else { None };
+        let mut cached = if reuse { state.cache.take_fit(&lo, fit) } else { None };
         let held = state.stats.reserved_bytes + state.pending;
+        if let (None, true, Some(fraction)) = (&cached, reuse, config.cache_headroom) {
+            // A fresh block would pass the budget for a size it gave back before (a workload
+            // that repeats): a larger cached block serves rather, the smallest there is, where
+            // live blocks stay within the budget with it (see `budget.rs`).
+            let live = held - state.stats.cached_bytes;
+            let proven = state.cache.proven_bytes();
+            if held.saturating_add(plan.key.capacity)
+                > state.budget.limit(live.saturating_add(plan.key.capacity), fraction, proven)
+                && state.budget.remembers(&lo, fit)
+            {
+                cached = state.cache.take_fit(&lo, u64::MAX);
+                // The block taken no longer counts as cached.
+                let limit = state.budget.limit(live, fraction, state.cache.proven_bytes());
+                // Under a memory limit, only where the limit would still have room for another
+                // block of its size (a tight limit decides by its own eviction, which fits best).
+                let roomy = |c: u64| config.memory_limit.is_none_or(|l| held.saturating_add(c) <= l);
+                if let Some((taken, block)) = cached
+                    .take_if(|(t, _)| live.saturating_add(t.key.capacity) > limit || !roomy(t.key.capacity))
+                {
+                    state.cache.put_back(taken, block);
+                }
+            }
+        }
         if cached.is_none() && held.checked_add(plan.key.capacity).is_none() {
             let detail = "the pool would hold more than 2^64 bytes".to_string();
             return Err(self.out_of_memory(&state, plan.size, detail));

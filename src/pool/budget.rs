@@ -7,17 +7,22 @@
 //! block that would take the pool past its budget first gives back cached blocks, unproven
 //! before proven, each kind freed longest ago first.
 //!
+//! Where a fresh block would pass the budget for a size the budget gave back before (the
+//! workload is coming back to it: it repeats), the smallest larger cached block serves
+//! instead, whatever its size: a repeating workload settles on fewer, larger blocks rather
+//! than asking the device for the same sizes every repetition. A workload's first pass and one
+//! that moves on never reuse that loosely, so what they hold is not bloated by it.
+//!
 //! So a workload that moves on (a growing KV cache, shapes that vary) holds at most an eighth
 //! more than its high-water mark, and one that repeats settles with the blocks it reuses kept,
-//! as long as the blocks one repetition uses exceed what it has live at once by no more than
-//! that eighth (a bigger headroom, or `None`, for one that needs more).
+//! on larger blocks where its sizes add up to more than that eighth.
 
 use std::collections::VecDeque;
 
 use super::cache::Key;
 
 /// Most budget evictions remembered as ghosts.
-const GHOSTS: usize = 256;
+const GHOSTS: usize = 4096;
 /// Proven blocks cached count towards the budget up to the high-water mark over this.
 const PROVEN_DIV: u64 = 16;
 
@@ -52,18 +57,29 @@ impl<P: Ord + Clone> Budget<P> {
     /// a ghost would have served it (the ghost is then forgotten, and the block made for the
     /// request is proven).
     pub fn missed(&mut self, key: &Key<P>, max: u64) -> bool {
-        let served = |g: &Key<P>| {
-            g.alignment == key.alignment
-                && g.params == key.params
-                && (key.capacity..=max).contains(&g.capacity)
-        };
-        match self.ghosts.iter().rposition(served) {
+        match self.ghost(key, max) {
             Some(at) => {
                 self.ghosts.remove(at);
                 true
             }
             None => false,
         }
+    }
+
+    /// Whether a ghost would serve a request for `key` (capacities from `key.capacity` to
+    /// `max`): the workload is coming back to a size the budget gave back.
+    pub fn remembers(&self, key: &Key<P>, max: u64) -> bool {
+        self.ghost(key, max).is_some()
+    }
+
+    /// The newest ghost that serves `key` (capacities up to `max`).
+    fn ghost(&self, key: &Key<P>, max: u64) -> Option<usize> {
+        let served = |g: &Key<P>| {
+            g.alignment == key.alignment
+                && g.params == key.params
+                && (key.capacity..=max).contains(&g.capacity)
+        };
+        self.ghosts.iter().rposition(served)
     }
 
     /// Remembers blocks the budget gave back.
@@ -107,6 +123,8 @@ mod tests {
         assert!(!b.missed(&Key { alignment: 512, params: (), capacity: 250 }, 310), "another alignment");
         assert!(b.missed(&key(250), 310), "the 300-byte ghost would have served it");
         assert!(!b.missed(&key(250), 310), "each ghost counts once");
+        assert!(b.remembers(&key(60), 64) && b.remembers(&key(60), 64), "looking does not forget");
+        assert!(!b.remembers(&key(60), 63));
         b.gave_back((0..GHOSTS + 10).map(|_| key(200)));
         assert_eq!(b.ghosts.len(), GHOSTS, "the oldest are forgotten");
         assert!(!b.missed(&key(64), 64), "forgotten");

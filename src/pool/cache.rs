@@ -227,6 +227,11 @@ impl<B, P: Ord + Clone> BlockCache<B, P> {
         self.bytes
     }
 
+    /// Bytes held in proven blocks.
+    pub fn proven_bytes(&self) -> u64 {
+        self.proven_bytes
+    }
+
     /// (capacity, number of blocks) of what is cached, by capacity.
     pub fn counts(&self) -> Vec<(u64, u64)> {
         let mut by: BTreeMap<u64, u64> = BTreeMap::new();

@@ -26,9 +26,12 @@
 //!   blocks the workload proved it comes back to. A fresh block that would pass it first gives
 //!   back cached blocks, the ones freed longest ago first (see `budget.rs`). One that moves on
 //!   (a growing KV cache, varying shapes) gives back what it stopped using, before the device
-//!   or a limit makes it; one that repeats settles where its blocks exceed what it holds live
-//!   at once by at most that eighth, and keeps asking the device otherwise (a larger headroom,
-//!   or none, for it).
+//!   or a limit makes it. One that repeats comes back to sizes the budget gave back: a fresh
+//!   block for such a size that would pass the budget is not made; the smallest larger cached
+//!   block serves instead, whatever its size (where live blocks stay within the budget with
+//!   it, and a memory limit has room for another block of its size), so a repetition whose
+//!   sizes add up to more than it holds at once settles on fewer, larger blocks, after two or
+//!   three repetitions.
 //! - **Out of memory.** Past the memory limit, as few cached blocks as make room are given back
 //!   (the smallest one that is enough, else the largest first); if even the whole cache would
 //!   not make room for the rounded capacity, the exact size is tried; else the request fails. When
@@ -87,10 +90,10 @@ pub struct PoolOptions {
     /// the pool keeps in its cache, as a fraction of that mark: `Some(1.0 / 16.0)` by default.
     /// A fresh block that would take the pool past it first gives back the blocks cached
     /// longest ago; the headroom grows (up to an eighth of the mark) when the workload asks again for
-    /// a size it gave back. A workload that repeats settles only where the blocks one
-    /// repetition uses exceed what it holds live at once by at most that eighth (sequential
-    /// temporaries of sizes far apart, or a whole model's history replayed again, need more:
-    /// give them a larger headroom, or `None`). The mark never comes down: after a large
+    /// a size it gave back, and such a size is then served from a larger cached block rather
+    /// than a fresh one where the budget is full, so that a workload that repeats settles
+    /// (within a few repetitions where its sizes add up to more than that eighth over what it
+    /// holds at once). The mark never comes down: after a large
     /// phase the pool may keep up to that much cached (`empty_cache` gives it back). `None`:
     /// no budget, the cache keeps every freed block until a limit, an out-of-memory or
     /// `empty_cache` (capacities still round to 512 bytes, not to the quarter classes of

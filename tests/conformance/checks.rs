@@ -1,7 +1,7 @@
 //! The checks of the conformance suite (see the parent module).
 use devalloc::{DeviceAllocator, DeviceIndex, DevicePtr, Error, PointerProblem, DEFAULT_ALIGNMENT};
 
-pub use super::memory::{history_and_snapshot, steady_state};
+pub use super::memory::{history_and_snapshot, repeating_sizes_far_apart, steady_state};
 use super::*;
 
 fn sizes() -> Vec<usize> {

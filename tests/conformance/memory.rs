@@ -128,3 +128,36 @@ pub async fn steady_state(a: &'static dyn DeviceAllocator, i: DeviceIndex) {
     assert!(misses.iter().all(|&m| m == misses[0]), "device allocations after each step: {misses:?}");
     assert!(reserved.iter().all(|&r| r == reserved[0]), "reserved during each step: {reserved:?}");
 }
+
+/// Temporaries of sizes far apart, one at a time, step after step (blocks that add up to
+/// nearly three times what is live at once): the device is asked nothing after the second step,
+/// whatever the pool serves each from, and each allocation is its own size: its bytes round
+/// trip and a read one byte past its end is refused (the block under it may be larger).
+pub async fn repeating_sizes_far_apart(a: &'static dyn DeviceAllocator, i: DeviceIndex) {
+    let sizes = [1usize << 20, 768 << 10, 512 << 10, 384 << 10, (256 << 10) + 5];
+    let mut misses = Vec::new();
+    for step in 0..5u64 {
+        for (t, &n) in sizes.iter().enumerate() {
+            let p = a.allocate(n, i, DEFAULT_ALIGNMENT).unwrap();
+            // The last 4 KiB or so, from a 4-byte boundary.
+            let at = (n - 4096) & !3;
+            let tail = pattern(n - at, step * 10 + t as u64);
+            let end = p.offset(at).unwrap();
+            h2d(a, end, &tail, i).await.unwrap();
+            assert_eq!(read(a, end, n - at, i).await, tail, "step {step}, {n} bytes");
+            let mut past = vec![0u8; n - at + 1];
+            assert!(d2h(a, &mut past, end, i).await.is_err(), "a read past {n} bytes was allowed");
+            a.deallocate(p, i).unwrap();
+        }
+        let s = a.stats(i).unwrap();
+        if step == 0 && s.cached_bytes == 0 {
+            eprintln!(
+                "SKIPPED repeating_sizes_far_apart on {}:{i}: the allocator does not cache",
+                a.device_type()
+            );
+            return;
+        }
+        misses.push(s.cache_misses);
+    }
+    assert!(misses[1..].iter().all(|&m| m == misses[1]), "device allocations after each step: {misses:?}");
+}

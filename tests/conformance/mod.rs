@@ -195,7 +195,7 @@ macro_rules! conformance_tests {
         conformance_tests!(@each $make, $need,
             round_trips, sub_ranges, alignment, stats, bad_inputs, refusals_change_nothing, planned,
             planned_release_frees_all_after_a_failure, device_to_device, foreign_pointers_on_either_end,
-            raii_buffer, history_and_snapshot, steady_state);
+            raii_buffer, history_and_snapshot, steady_state, repeating_sizes_far_apart);
         #[cfg(not(target_arch = "wasm32"))]
         #[test]
         fn threads() {
