@@ -6,7 +6,7 @@
 //! CubeCL's memory management holds (the real one, pinned, as cubecl-wgpu configures it, over a
 //! storage that only counts bytes: `support/cubecl_peer.rs` says what is modelled).
 //!
-//!     cargo run --release --example replay -- FILE... [--backend host|vulkan|gl] [--limit BYTES] [--find-limit]
+//!     cargo run --release --example replay -- FILE... [--backend host|vulkan|gl] [--limit BYTES] [--find-limit] [--repeat N]
 //!
 //! FILE: a devalloc snapshot with history (`cargo run --example tour -- --snapshot FILE`, or
 //! the page's), one replay per device; or a MiniMalloc CSV (`id,lower,upper,size`: each buffer
@@ -16,6 +16,11 @@
 //!
 //!     replay: file=NAME backend=B lower_bound=N peak_live=N peak_reserved=N device_allocs=N steady_after=STEP [backend_reserved=N] [min_limit=N ratio=X]
 //!             pytorch_peak_reserved=N cubecl_peak_reserved=N [pytorch_min_limit=N pytorch_ratio=X]
+//!             [repeat=N allocs_per_repeat=A,B,...]
+//!
+//! `--repeat N` replays each history N times in a row (a training or serving loop), everyone's
+//! figures over all of it, and counts the device allocations of each repetition: a workload
+//! that repeats should settle, with none in its last repetitions.
 #[path = "support/cubecl_peer.rs"]
 mod cubecl_peer;
 #[path = "support/logging.rs"]
@@ -34,10 +39,12 @@ struct Args {
     backend: String,
     limit: Option<u64>,
     find_limit: bool,
+    repeat: u64,
 }
 
 fn parse() -> Result<Args, String> {
-    let mut args = Args { files: Vec::new(), backend: "host".into(), limit: None, find_limit: false };
+    let mut args =
+        Args { files: Vec::new(), backend: "host".into(), limit: None, find_limit: false, repeat: 1 };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -47,6 +54,11 @@ fn parse() -> Result<Args, String> {
                 args.limit = Some(v.parse().map_err(|_| format!("--limit: not a number of bytes: {v}"))?);
             }
             "--find-limit" => args.find_limit = true,
+            "--repeat" => {
+                let v = it.next().ok_or("--repeat needs a count")?;
+                args.repeat =
+                    v.parse().ok().filter(|&n| n > 0).ok_or(format!("--repeat: not a count: {v}"))?;
+            }
             f if !f.starts_with("--") => args.files.push(f.to_string()),
             other => return Err(format!("unknown option {other}")),
         }
@@ -87,12 +99,22 @@ fn run<T: devalloc::backend::Pooled>(
     args: &Args,
     make: impl Fn() -> devalloc::Result<T>,
 ) -> devalloc::Result<()> {
+    let once = trace;
+    let repeated =
+        |n: u64| once.repeated(n).ok_or_else(|| devalloc::Error::invalid_argument("too many repetitions"));
+    let all = repeated(args.repeat)?;
+    let trace = &all;
     let lb = trace.lower_bound();
-    let a = make()?;
-    a.pooled().set_memory_limit(args.limit, 0)?;
+    let fresh = || -> devalloc::Result<T> {
+        let a = make()?;
+        a.pooled().set_memory_limit(args.limit, 0)?;
+        Ok(a)
+    };
+    let a = fresh()?;
     let r = replay(&a, trace, 0)?;
     let ratio = |v: u64| if lb == 0 { 0.0 } else { v as f64 / lb as f64 };
-    println!("\n{name} on {} ({} events, lower bound {lb} bytes)", args.backend, trace.events.len());
+    let times = if args.repeat > 1 { format!(", {} times in a row", args.repeat) } else { String::new() };
+    println!("\n{name} on {}{times} ({} events, lower bound {lb} bytes)", args.backend, trace.events.len());
     if trace.orphan_frees > 0 {
         println!("  {} frees of allocations older than the history were left out", trace.orphan_frees);
     }
@@ -164,6 +186,23 @@ fn run<T: devalloc::backend::Pooled>(
             }
             Err(e) => println!("  PyTorch's policy: no limit: {e}"),
         }
+    }
+    if args.repeat > 1 {
+        // The allocator is deterministic: replaying the first k repetitions counts what the
+        // first k of the whole run asked the device for.
+        let mut before = 0;
+        let mut per = Vec::new();
+        for k in 1..=args.repeat {
+            let total = if k == args.repeat {
+                r.device_allocations
+            } else {
+                replay(&fresh()?, &repeated(k)?, 0)?.device_allocations
+            };
+            per.push((total - before).to_string());
+            before = total;
+        }
+        println!("  device allocations in each repetition: {}", per.join(", "));
+        line += &format!(" repeat={} allocs_per_repeat={}", args.repeat, per.join(","));
     }
     println!("{line}");
     Ok(())

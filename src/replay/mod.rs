@@ -97,6 +97,40 @@ impl Trace {
         trace
     }
 
+    /// This trace `times` times in a row (a training or serving loop that repeats it): each
+    /// repetition's ids and steps follow the last one's. An allocation the trace never frees
+    /// stays live through the repetitions after it. `None` when the ids or steps would not fit
+    /// in 64 bits.
+    pub fn repeated(&self, times: u64) -> Option<Trace> {
+        let id = |e: &TraceEvent| match e {
+            TraceEvent::Alloc { id, .. } | TraceEvent::Free { id } => Some(*id),
+            TraceEvent::EmptyCache => None,
+        };
+        let ids =
+            self.events.iter().filter_map(|(_, e)| id(e)).max().map_or(Some(0), |m| m.checked_add(1))?;
+        let steps = self.events.iter().map(|(s, _)| *s).max().map_or(Some(0), |m| m.checked_add(1))?;
+        let mut events = Vec::with_capacity(self.events.len().saturating_mul(times as usize));
+        for r in 0..times {
+            let (id_base, step_base) = (ids.checked_mul(r)?, steps.checked_mul(r)?);
+            for (step, e) in &self.events {
+                let step = step.checked_add(step_base)?;
+                events.push((
+                    step,
+                    match e {
+                        TraceEvent::Alloc { id, size, label } => TraceEvent::Alloc {
+                            id: id.checked_add(id_base)?,
+                            size: *size,
+                            label: label.clone(),
+                        },
+                        TraceEvent::Free { id } => TraceEvent::Free { id: id.checked_add(id_base)? },
+                        TraceEvent::EmptyCache => TraceEvent::EmptyCache,
+                    },
+                ));
+            }
+        }
+        Some(Trace { events, orphan_frees: self.orphan_frees.checked_mul(times)? })
+    }
+
     /// The most bytes live at once (`u64::MAX` if that does not fit in 64 bits).
     pub fn lower_bound(&self) -> u64 {
         let mut sizes = HashMap::new();
@@ -300,6 +334,24 @@ mod tests {
         // At step 2 the first tensor's free comes before the second's allocation.
         assert_eq!(kinds, [(0, true), (2, false), (2, true), (4, false)]);
         assert_eq!(trace.lower_bound(), 20);
+    }
+
+    #[test]
+    fn a_repeated_trace_follows_itself_with_new_ids_and_steps() {
+        let t = [TensorLife { size: 10, first: 0, last: 1 }, TensorLife { size: 20, first: 1, last: 2 }];
+        let trace = Trace::from_tensors(&t, None);
+        let twice = trace.repeated(2).unwrap();
+        assert_eq!(twice.events.len(), 8);
+        assert_eq!(twice.events[..4], trace.events[..]);
+        let (step, e) = &twice.events[4];
+        assert_eq!((*step, e), (4, &TraceEvent::Alloc { id: 2, size: 10, label: None }));
+        assert_eq!(twice.lower_bound(), trace.lower_bound(), "each repetition frees what it made");
+        assert_eq!(trace.repeated(0).unwrap().events, []);
+        let huge = Trace { events: vec![(u64::MAX / 2, TraceEvent::Free { id: 0 })], orphan_frees: 0 };
+        assert!(huge.repeated(3).is_none(), "steps past 64 bits");
+        let leak =
+            Trace { events: vec![(0, TraceEvent::Alloc { id: 0, size: 5, label: None })], orphan_frees: 0 };
+        assert_eq!(leak.repeated(3).unwrap().lower_bound(), 15, "what is never freed stays live");
     }
 
     #[test]
