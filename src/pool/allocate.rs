@@ -140,9 +140,14 @@ impl<S: Storage> Pool<S> {
                 cached = state.cache.take_fit(&lo, u64::MAX);
                 // The block taken no longer counts as cached.
                 let limit = state.budget.limit(live, fraction, state.cache.proven_bytes());
-                // Under a memory limit, only where the limit would still have room for another
-                // block of its size (a tight limit decides by its own eviction, which fits best).
-                let roomy = |c: u64| config.memory_limit.is_none_or(|l| held.saturating_add(c) <= l);
+                // Under a memory limit, only where the limit is far (twice the budget) and would
+                // still have room for another block of its size: near a limit, wasted capacity
+                // in a live block cannot be given back, and the limit's own eviction fits best.
+                let roomy = |c: u64| {
+                    config
+                        .memory_limit
+                        .is_none_or(|l| held.saturating_add(c) <= l && limit.saturating_mul(2) <= l)
+                };
                 if let Some((taken, block)) = cached
                     .take_if(|(t, _)| live.saturating_add(t.key.capacity) > limit || !roomy(t.key.capacity))
                 {

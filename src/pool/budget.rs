@@ -9,9 +9,12 @@
 //!
 //! Where a fresh block would pass the budget for a size the budget gave back before (the
 //! workload is coming back to it: it repeats), the smallest larger cached block serves
-//! instead, whatever its size: a repeating workload settles on fewer, larger blocks rather
-//! than asking the device for the same sizes every repetition. A workload's first pass and one
-//! that moves on never reuse that loosely, so what they hold is not bloated by it.
+//! instead, whatever its size, as long as live blocks stay within the budget with it: a
+//! repeating workload settles on fewer, larger blocks rather than asking the device for the
+//! same sizes every repetition. This may happen within a single pass too (any size given back
+//! and asked for again), and a block so used may be many times its request while it is live.
+//! Under a memory limit it happens only where the limit is at least twice the budget and has
+//! room for another block of that size: near a limit, the limit's own eviction decides.
 //!
 //! So a workload that moves on (a growing KV cache, shapes that vary) holds at most an eighth
 //! more than its high-water mark, and one that repeats settles with the blocks it reuses kept,

@@ -29,7 +29,8 @@
 //!   or a limit makes it. One that repeats comes back to sizes the budget gave back: a fresh
 //!   block for such a size that would pass the budget is not made; the smallest larger cached
 //!   block serves instead, whatever its size (where live blocks stay within the budget with
-//!   it, and a memory limit has room for another block of its size), so a repetition whose
+//!   it, and a memory limit, if set, is at least twice the budget and has room for another
+//!   block of its size), so a repetition whose
 //!   sizes add up to more than it holds at once settles on fewer, larger blocks, after two or
 //!   three repetitions.
 //! - **Out of memory.** Past the memory limit, as few cached blocks as make room are given back

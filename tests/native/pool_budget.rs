@@ -153,3 +153,30 @@ fn model_histories_replayed_again_and_again_settle() {
         assert!(r.peak_reserved * 2 <= once.lower_bound() * 3, "{name}: {r:?}");
     }
 }
+
+#[test]
+fn near_a_memory_limit_a_larger_block_never_serves_a_size_given_back() {
+    // A hostile review's case: a limit of the most live (212,992 bytes) plus an eighth and
+    // 4 KiB. Serving the 32 KiB request from the 80 KiB block the budget kept left too little
+    // room for the last request, which failed although it fits without caching.
+    let options = PoolOptions { memory_limit: Some(243_712), ..PoolOptions::default() };
+    let a = PooledAllocator::from_pools(DeviceType::Cpu, vec![Pool::new(Counting::new(), options).unwrap()])
+        .unwrap();
+    for _ in 0..3 {
+        let s1 = a.allocate(118_784, 0, 256).unwrap();
+        a.deallocate(s1, 0).unwrap();
+        for n in [32_768, 81_920] {
+            let s2 = a.allocate(n, 0, 256).unwrap();
+            a.deallocate(s2, 0).unwrap();
+        }
+        let s1 = a.allocate(36_864, 0, 256).unwrap();
+        let s0 = a.allocate(32_768, 0, 256).unwrap();
+        a.deallocate(s1, 0).unwrap();
+        let s1 = a.allocate(106_496, 0, 256).unwrap();
+        let s2 = a.allocate(73_728, 0, 256).unwrap();
+        for p in [s0, s1, s2] {
+            a.deallocate(p, 0).unwrap();
+        }
+    }
+    assert_eq!(stats(&a).allocated_bytes, 0);
+}
