@@ -77,7 +77,7 @@
 //!   [`get_device_allocator`], [`copy_across_devices`], [`register_available`] with its
 //!   [`Registration`] / [`RegistrationOutcome`].
 //! - **Owning memory**: [`DeviceMemoryBuffer`], [`PlannedMemory`] (from sizes, or from a
-//!   planner's [`plan::MemoryPlan`]), [`PlanLayout`] (tensors one after another, no reuse).
+//!   planner's [`plan::MemoryPlan`], whose tensors it hands out as [`PlannedTensor`]s with labels), [`PlanLayout`] (tensors one after another, no reuse).
 //! - **[`plan`]**: memory plans that reuse memory: `plan(tensors, alignment, Strategy::Fast |
 //!   Strategy::Search { budget_ms })`, the validity `check`, `lower_bound`, the peers
 //!   (`one_after_another`, `greedy_by_size`, `executorch_greedy`), `TensorLife`, `MemoryPlan`,
@@ -144,7 +144,7 @@ pub use device::{Device, DeviceIndex, DeviceType};
 pub use discover::{register_available, Registration, RegistrationOutcome};
 pub use error::{BackendSource, Error, PointerProblem, Result};
 pub use host::HostAllocator;
-pub use planned::{PlanLayout, PlannedMemory};
+pub use planned::{PlanLayout, PlannedMemory, PlannedTensor};
 pub use pool::PoolOptions;
 pub use ptr::DevicePtr;
 pub use registry::{

@@ -189,6 +189,41 @@ pub struct PlannedMemory<'a> {
     allocator: &'a dyn DeviceAllocator,
     index: DeviceIndex,
     table: PlanTable,
+    /// (offset, size) of each tensor of the plan it was made from, if any.
+    tensors: Vec<(u64, u64)>,
+    /// The label of each tensor (none, or one per tensor) and of the buffer.
+    names: Vec<String>,
+    label: Option<String>,
+}
+
+/// One tensor of a [`PlannedMemory`] made from a plan: its address and length in the planned
+/// buffer, and its label. Bind it on wgpu with `devalloc::wgpu::Bind` (errors name it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlannedTensor {
+    /// Its address.
+    pub ptr: DevicePtr,
+    /// Its bytes.
+    pub len: u64,
+    /// Its position in the plan.
+    pub index: usize,
+    /// Its label, if the memory was made with labels.
+    pub label: Option<String>,
+    /// The planned buffer's label, if it has one.
+    pub buffer: Option<String>,
+}
+
+impl PlannedTensor {
+    /// How errors name it: `tensor 'act1' (planned buffer 'activations')`, or by position.
+    pub fn name(&self) -> String {
+        let tensor = match &self.label {
+            Some(l) => format!("tensor '{l}'"),
+            None => format!("tensor {}", self.index),
+        };
+        match &self.buffer {
+            Some(b) => format!("{tensor} (planned buffer '{b}')"),
+            None => format!("{tensor} (planned buffer 0)"),
+        }
+    }
 }
 
 impl<'a> PlannedMemory<'a> {
@@ -198,7 +233,7 @@ impl<'a> PlannedMemory<'a> {
     /// half-way (out of memory), the buffers already made are freed (the allocator's counters
     /// then show those allocations and frees).
     pub fn new(allocator: &'a dyn DeviceAllocator, sizes: &[usize], index: DeviceIndex) -> Result<Self> {
-        Self::aligned(allocator, sizes, index, DEFAULT_ALIGNMENT)
+        Self::aligned(allocator, sizes, index, DEFAULT_ALIGNMENT, None)
     }
 
     /// [`PlannedMemory::new`] with every buffer aligned to `alignment` (a power of two).
@@ -207,8 +242,16 @@ impl<'a> PlannedMemory<'a> {
         sizes: &[usize],
         index: DeviceIndex,
         alignment: usize,
+        label: Option<&str>,
     ) -> Result<Self> {
-        let mut plan = PlannedMemory { allocator, index, table: PlanTable::new() };
+        let mut plan = PlannedMemory {
+            allocator,
+            index,
+            table: PlanTable::new(),
+            tensors: Vec::new(),
+            names: Vec::new(),
+            label: label.map(Into::into),
+        };
         let device = plan.device();
         // What can be refused without asking the device is refused before anything is
         // allocated; a failure of the device half-way frees what was made.
@@ -219,10 +262,10 @@ impl<'a> PlannedMemory<'a> {
         }
         for (id, &size) in sizes.iter().enumerate() {
             let id = u32::try_from(id).map_err(|_| Error::invalid_argument("more than 2^32 memory ids"))?;
-            let base = if size == 0 {
-                DevicePtr::NULL
-            } else {
-                allocator.allocate_planned(id, size, index, alignment)?
+            let base = match (size, label) {
+                (0, _) => DevicePtr::NULL,
+                (_, Some(label)) => allocator.allocate_labeled(size, index, alignment, label)?,
+                (_, None) => allocator.allocate_planned(id, size, index, alignment)?,
             };
             plan.table.insert(device, id, base, size as u64)?;
         }
@@ -230,30 +273,64 @@ impl<'a> PlannedMemory<'a> {
     }
 
     /// One planned buffer (memory id 0) as large as `plan` says, aligned to at least the plan's
-    /// alignment (so every tensor's address keeps it), for the tensors it placed;
-    /// [`PlannedMemory::tensor`] gives each one's address.
+    /// alignment (so every tensor's address keeps it), for the tensors it placed, which it
+    /// keeps: [`PlannedMemory::tensor`] gives each one's address and length.
     pub fn from_plan(
         allocator: &'a dyn DeviceAllocator,
         plan: &crate::plan::MemoryPlan,
         index: DeviceIndex,
     ) -> Result<Self> {
+        Self::from_plan_labeled(allocator, plan, index, None, &[])
+    }
+
+    /// [`PlannedMemory::from_plan`], with a label for the planned buffer (the allocation's label
+    /// in stats, snapshots and the viewer; `None`: `planned buffer 0`) and one per tensor
+    /// (none, or exactly one per tensor of the plan), which [`PlannedTensor::name`] and the
+    /// binding errors of `devalloc::wgpu::Bind` use.
+    pub fn from_plan_labeled(
+        allocator: &'a dyn DeviceAllocator,
+        plan: &crate::plan::MemoryPlan,
+        index: DeviceIndex,
+        label: Option<&str>,
+        tensor_labels: &[&str],
+    ) -> Result<Self> {
+        if !tensor_labels.is_empty() && tensor_labels.len() != plan.len() {
+            return Err(Error::invalid_argument(format!(
+                "{} tensor labels for a plan of {} tensors (give none, or one per tensor)",
+                tensor_labels.len(),
+                plan.len()
+            )));
+        }
         let big = |what: &str, v: u64| {
             usize::try_from(v)
                 .map_err(|_| Error::invalid_argument(format!("a plan's {what} of {v} does not fit in usize")))
         };
         let alignment = big("alignment", plan.alignment())?.max(DEFAULT_ALIGNMENT);
-        Self::aligned(allocator, &[big("size", plan.size())?], index, alignment)
+        let mut memory = Self::aligned(allocator, &[big("size", plan.size())?], index, alignment, label)?;
+        memory.tensors = (0..plan.len()).filter_map(|i| plan.tensor(i)).collect();
+        memory.names = tensor_labels.iter().map(|l| l.to_string()).collect();
+        Ok(memory)
     }
 
-    /// The address of tensor `i` of `plan` in memory id 0 (the plan this memory was made for
-    /// with [`PlannedMemory::from_plan`]; another plan's tensors are checked against the buffer's
-    /// size like any offset).
-    pub fn tensor(&self, plan: &crate::plan::MemoryPlan, i: usize) -> Result<DevicePtr> {
-        let (offset, size) = plan.tensor(i).ok_or_else(|| {
-            Error::invalid_argument(format!("no tensor {i}: the plan has {} tensors", plan.len()))
+    /// Tensor `i` of the plan this memory was made from: its address, length and label. An
+    /// error for memory made without a plan, or past the plan's tensors.
+    pub fn tensor(&self, i: usize) -> Result<PlannedTensor> {
+        let &(offset, len) = self.tensors.get(i).ok_or_else(|| {
+            Error::invalid_argument(format!("no tensor {i}: the plan has {} tensors", self.tensors.len()))
         })?;
         let big = |v: u64| usize::try_from(v).map_err(|_| Error::invalid_argument("an offset past usize"));
-        self.get_offset_address(0, big(offset)?, big(size)?)
+        Ok(PlannedTensor {
+            ptr: self.get_offset_address(0, big(offset)?, big(len)?)?,
+            len,
+            index: i,
+            label: self.names.get(i).cloned(),
+            buffer: self.label.clone(),
+        })
+    }
+
+    /// Number of tensors of the plan this memory was made from (0 without a plan).
+    pub fn num_tensors(&self) -> usize {
+        self.tensors.len()
     }
 
     /// The device the planned buffers live on.

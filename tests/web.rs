@@ -83,6 +83,11 @@ async fn independent_allocations_bind_together_after_churn() {
 }
 
 #[wasm_bindgen_test]
+async fn bindings_in_one_call() {
+    conformance::bind_helper::bindings_in_one_call(open().await, 0).await;
+}
+
+#[wasm_bindgen_test]
 async fn with_reuse_off_a_bind_group_kept_past_the_free_is_reported_at_the_submit() {
     let debug = PoolOptions { reuse_freed: false, ..PoolOptions::default() };
     let a = WgpuAllocator::with_options_async(

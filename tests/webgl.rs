@@ -100,6 +100,13 @@ mod webgl {
         assert!(conformance::bindings::stale_bind_group(&a, 0).await.is_none(), "the default reuses");
     }
 
+    /// WebGL2 has no compute: the refusal of storage bindings and a uniform binding.
+    #[wasm_bindgen_test]
+    async fn bindings_in_one_call() {
+        let a = adopt(WgpuOptions::default()).await.unwrap();
+        conformance::bind_helper::bindings_in_one_call(&a, 0).await;
+    }
+
     /// WebGL2 has no compute: the allocations are checked apart, and the check says so.
     #[wasm_bindgen_test]
     async fn independent_allocations_bind_together_after_churn() {

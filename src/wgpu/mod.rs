@@ -36,15 +36,29 @@
 //! - **Buffers you are given stay devalloc's.** Bind them, copy to and from them; do not
 //!   destroy them or leave them mapped. devalloc's copies on such a buffer fail with an error
 //!   (not a panic), and once freed it is dropped rather than cached for the next allocation.
-//! - **Binding.** `WgpuAllocator::buffer(ptr, index)` (to the end of the allocation) or
-//!   `buffer_range(ptr, len, index)` gives a `BufferRange`; its `binding(BindingKind::Storage)`
-//!   or `binding(BindingKind::Uniform)` returns a `wgpu::BufferBinding` or an error that names
-//!   the device limit it breaks (offset alignment, binding size, usage, empty range).
+//! - **Binding.** One call makes a bind group from devalloc memory:
+//!   `alloc.bind_group(&layout, &[Bind::read(0, w), Bind::read_write(1, &tensor), Bind::uniform(2,
+//!   params)], &app_entries, index)`. A [`Bind`] takes a whole allocation (`DevicePtr`), `len`
+//!   bytes at a pointer (`(ptr, len)`), a `DeviceMemoryBuffer` or a planned tensor
+//!   ([`crate::PlannedTensor`]); `extra` holds the app's own entries (its uniform buffers,
+//!   textures). Every bind is checked first (in the allocation, offset alignment, binding size,
+//!   usage, access: below), each refusal naming the tensor or allocation and the limit, and the
+//!   bind group is made in an error scope, so a mismatch with the layout is an error, not a
+//!   message to the app's handler (natively; in the browser wgpu reports it to the device).
+//!   `alloc.bindings(&binds, index)` gives the checked entries as owned [`Bindings`] to keep in a
+//!   `let` and pass as `bindings.entries()`. Below that, `WgpuAllocator::buffer(ptr, index)`
+//!   (to the end of the allocation) or `buffer_range(ptr, len, index)` gives a `BufferRange`
+//!   whose `binding(BindingKind::Storage | Uniform)` is a `wgpu::BufferBinding` checked the same
+//!   way (it borrows the range: use it inline).
 //! - **Alignment and plans.** Copies work at any offset; bindings need offsets that are
 //!   multiples of `binding_alignment(index)`. Lay out plans with [`crate::PlanLayout`] at that
-//!   alignment (an existing plan's offsets cannot be moved). wgpu tracks usage per buffer, so
-//!   two tensors of one planned buffer bound in one dispatch need the same access: bind planned
-//!   activations `read_write`, or use one planned buffer per access kind.
+//!   alignment (an existing plan's offsets cannot be moved), and `PlannedMemory::from_plan_labeled`
+//!   keeps the plan: `memory.tensor(i)` is tensor `i`'s address, length and label, ready for a
+//!   `Bind`. wgpu tracks usage per buffer, so two tensors of one planned buffer bound in one
+//!   dispatch need the same access: bind planned activations `read_write`, or use one planned
+//!   buffer per access kind. `bindings` and `bind_group` refuse a `Read` or `Uniform` bind of a
+//!   buffer that another bind of theirs writes (or two overlapping ranges of it), naming both
+//!   tensors, rather than let wgpu report `devalloc block N` at the dispatch.
 //! - **Usage and labels.** `allocate_request(&BufferRequest::new(n).usage(..).label(..), index)`
 //!   chooses usage per allocation (uniform, vertex, index, indirect...) and a label for people.
 //!   The cache keeps buffers apart by usage, never by label: a freed buffer serves the next
@@ -82,8 +96,10 @@
 //! - **Owning memory without the registry.** `DeviceMemoryBuffer::create_on(&alloc, size,
 //!   index, alignment)` allocates on this allocator and frees on drop.
 //!
-//! `examples/mlp.rs` is such an app: a 2-layer network whose weights are devalloc allocations
-//! and whose activations live in one planned buffer, beside the app's own uniform buffers.
+//! `examples/mlp.rs` is such an app, in under 150 lines of Rust: a 32-64-10 network with a
+//! softmax whose weights are devalloc allocations filled in one call, whose activations are
+//! labelled tensors of one planned buffer, over 50 batches of varying size, each checked
+//! against the CPU.
 //!
 //! # Inside
 //!
@@ -96,6 +112,7 @@
 
 mod allocator;
 mod belt;
+mod bind;
 mod binding;
 mod block;
 mod copy;
@@ -112,6 +129,7 @@ pub(crate) mod storage;
 /// depend on the same major version in your app (two versions of wgpu do not mix).
 pub use ::wgpu as api;
 pub use allocator::{BufferRequest, WgpuAllocator};
+pub use bind::{Access, Bind, BindTarget, Bindings};
 pub use binding::{BindingKind, BufferRange};
 pub use options::{DeviceLostHandler, Route, WgpuOptions};
 

@@ -10,6 +10,7 @@
 //! allocator factory, run on every device it has.
 
 #[cfg(feature = "wgpu")]
+pub mod bind_helper;
 pub mod bindings;
 #[cfg(target_arch = "wasm32")]
 pub mod browser_loss;

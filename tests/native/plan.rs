@@ -331,10 +331,42 @@ fn planned_memory_from_a_plan_keeps_its_alignment() {
     let tensors = [t(100, 0, 1), t(5000, 1, 2), t(300, 2, 3)];
     let p = plan(&tensors, 4096, Strategy::Fast).unwrap();
     let memory = devalloc::PlannedMemory::from_plan(&host, &p, 0).unwrap();
-    for i in 0..tensors.len() {
-        let addr = memory.tensor(&p, i).unwrap().addr();
+    for (i, life) in tensors.iter().enumerate() {
+        let t = memory.tensor(i).unwrap();
+        let addr = t.ptr.addr();
         assert_eq!(addr % 4096, 0, "tensor {i} at {addr:#x}");
+        assert_eq!((t.len, t.index, t.label), (life.size, i, None));
     }
-    let e = memory.tensor(&p, usize::MAX).unwrap_err().to_string();
+    let e = memory.tensor(usize::MAX).unwrap_err().to_string();
     assert!(e.contains("the plan has 3 tensors"), "{e}");
+    assert_eq!(memory.num_tensors(), 3);
+    // Memory made from sizes has no tensors.
+    let sized = devalloc::PlannedMemory::new(&host, &[64], 0).unwrap();
+    assert!(sized.tensor(0).is_err());
+}
+
+/// Labels: the planned buffer's is its allocation's (stats, snapshots), each tensor's is in
+/// its `PlannedTensor`; a wrong number of tensor labels is refused before anything is made.
+#[test]
+fn planned_memory_labels_its_buffer_and_tensors() {
+    use devalloc::backend::Pooled;
+    use devalloc::DeviceAllocator;
+    let host = devalloc::HostAllocator::new();
+    let tensors = [t(100, 0, 1), t(5000, 1, 2), t(300, 2, 3)];
+    let p = plan(&tensors, 256, Strategy::Fast).unwrap();
+    let e =
+        devalloc::PlannedMemory::from_plan_labeled(&host, &p, 0, Some("acts"), &["a", "b"]).err().unwrap();
+    assert!(e.to_string().contains("2 tensor labels for a plan of 3"), "{e}");
+    assert_eq!(host.stats(0).unwrap().allocations, 0, "nothing was allocated");
+    let memory =
+        devalloc::PlannedMemory::from_plan_labeled(&host, &p, 0, Some("acts"), &["in", "hidden", "out"])
+            .unwrap();
+    let t1 = memory.tensor(1).unwrap();
+    assert_eq!((t1.label.as_deref(), t1.buffer.as_deref()), (Some("hidden"), Some("acts")));
+    assert_eq!(t1.name(), "tensor 'hidden' (planned buffer 'acts')");
+    let live = host.pooled().pool(0).unwrap().live_allocations();
+    assert_eq!(live.len(), 1);
+    assert_eq!((live[0].label.as_deref(), live[0].size), (Some("acts"), p.size()));
+    let snap = host.snapshot().unwrap().to_json();
+    assert!(snap.contains("\"acts\""), "the snapshot names the planned buffer: {snap}");
 }

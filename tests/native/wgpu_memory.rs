@@ -36,6 +36,20 @@ fn independent_allocations_bind_together_after_churn() {
     }
 }
 
+#[test]
+fn bindings_in_one_call() {
+    for (backend, route) in [
+        (wgpu::Backend::Vulkan, Route::Staged),
+        (wgpu::Backend::Vulkan, Route::Direct),
+        (wgpu::Backend::Gl, Route::Staged),
+    ] {
+        let Some(a) = open(backend, WgpuOptions { route: Some(route), ..WgpuOptions::default() }) else {
+            continue;
+        };
+        pollster::block_on(conformance::bind_helper::bindings_in_one_call(&a, 0));
+    }
+}
+
 /// The model histories of `tests/data/traces` (each peaks at 15-150 MB live).
 fn traces() -> Vec<(String, Trace)> {
     ["convnet", "decode", "large", "mlp_train", "transformer"]
