@@ -1,12 +1,12 @@
-//! A small dense network in WGSL on devalloc memory, shared by `examples/mlp.rs` and the browser
-//! demo (`web/src/network.rs`): weights and biases in labelled devalloc allocations, each layer's
+//! A small dense network in WGSL on devalloc memory, run by the browser demo (`web/src/lib.rs`;
+//! `examples/mlp.rs` is the native app): weights and biases in labelled devalloc allocations, each layer's
 //! dims in an app-made uniform buffer (beside devalloc's memory in the same bind groups), and
 //! the activations at offsets of one planned buffer that the planner laid out so that
 //! activations whose lifetimes do not overlap share bytes. Checked against the CPU.
 //!
 //! Things a wgpu app needs to know, shown here:
 //! - The plan's offsets are multiples of `binding_alignment`, so each activation can be bound
-//!   on its own; `binding(kind)` checks offset, size and usage against the device.
+//!   on its own; `bind_group` checks offset, size, usage and access against the device.
 //! - wgpu tracks usage per *buffer*: two tensors of one planned buffer in one dispatch must
 //!   have the same access, so every activation here is `read_write` (binding one as `read` and
 //!   another as `read_write` is refused). Tensors live at one step never overlap in a plan, so
@@ -15,7 +15,7 @@
 
 use devalloc::plan::{self, MemoryPlan, Strategy, TensorLife};
 use devalloc::wgpu::api as wgpu;
-use devalloc::wgpu::{BindingKind, BufferRequest, WgpuAllocator};
+use devalloc::wgpu::{Bind, BufferRequest, WgpuAllocator};
 use devalloc::{DeviceAllocator, DevicePtr, PlannedMemory};
 
 const DENSE: &str = r#"
@@ -116,7 +116,7 @@ pub async fn run(a: &WgpuAllocator, widths: &[usize], batch: usize) -> devalloc:
     let plan = plan::plan(&lives, a.binding_alignment(0)? as u64, Strategy::Fast)?;
     let memory = PlannedMemory::from_plan(a, &plan, 0)?;
     let acts: Vec<DevicePtr> =
-        (0..lives.len()).map(|i| memory.tensor(&plan, i)).collect::<devalloc::Result<_>>()?;
+        (0..lives.len()).map(|i| memory.tensor(i).map(|t| t.ptr)).collect::<devalloc::Result<_>>()?;
     let x = values(batch * widths[0], 99);
     a.copy_host_to_device_async(acts[0], bytemuck::cast_slice(&x), 0).await?;
     let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
@@ -146,23 +146,14 @@ pub async fn run(a: &WgpuAllocator, widths: &[usize], batch: usize) -> devalloc:
             0,
             bytemuck::cast_slice(&[batch as u32, widths[l] as u32, widths[l + 1] as u32, relu]),
         );
-        let (xr, wr, br, yr) = (
-            a.buffer_range(acts[l], lives[l].size, 0)?,
-            a.buffer(params[l][0], 0)?,
-            a.buffer(params[l][1], 0)?,
-            a.buffer_range(acts[l + 1], lives[l + 1].size, 0)?,
-        );
-        let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some("dense"),
-            layout: &pipeline.get_bind_group_layout(0),
-            entries: &[
-                wgpu::BindGroupEntry { binding: 0, resource: dims.as_entire_binding() },
-                storage(1, &xr)?,
-                storage(2, &wr)?,
-                storage(3, &br)?,
-                storage(4, &yr)?,
-            ],
-        });
+        let binds = [
+            Bind::read_write(1, (acts[l], lives[l].size)),
+            Bind::read(2, params[l][0]),
+            Bind::read(3, params[l][1]),
+            Bind::read_write(4, (acts[l + 1], lives[l + 1].size)),
+        ];
+        let app = [wgpu::BindGroupEntry { binding: 0, resource: dims.as_entire_binding() }];
+        let group = a.bind_group(&pipeline.get_bind_group_layout(0), &binds, &app, 0)?;
         let mut pass = enc.begin_compute_pass(&Default::default());
         pass.set_pipeline(&pipeline);
         pass.set_bind_group(0, &group, &[]);
@@ -186,14 +177,6 @@ pub async fn run(a: &WgpuAllocator, widths: &[usize], batch: usize) -> devalloc:
         })
         .collect();
     Ok(Report { worst, plan, tensors, unplanned })
-}
-
-/// A bind group entry for `range` as a storage binding (checked against the device's limits).
-fn storage(binding: u32, range: &devalloc::wgpu::BufferRange) -> devalloc::Result<wgpu::BindGroupEntry<'_>> {
-    Ok(wgpu::BindGroupEntry {
-        binding,
-        resource: wgpu::BindingResource::Buffer(range.binding(BindingKind::Storage)?),
-    })
 }
 
 /// The network on the CPU.
