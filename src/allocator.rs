@@ -169,6 +169,20 @@ pub trait DeviceAllocator: WasmNotSendSync {
         self.allocate_labeled(nbytes, index, alignment, &format!("planned buffer {memory_id}"))
     }
 
+    /// Names the tensors inside the allocation that starts at `ptr` on device `index` (label,
+    /// offset from its start, bytes: each inside it), for its snapshots and the viewer; names
+    /// given earlier are replaced. [`crate::PlannedMemory::from_plan_labeled`] calls it for its
+    /// planned buffer. Default: [`Error::NotSupported`] (the built-in allocators keep them).
+    fn label_tensors(
+        &self,
+        ptr: DevicePtr,
+        index: DeviceIndex,
+        tensors: &[crate::snapshot::TensorNote],
+    ) -> Result<()> {
+        let _ = (ptr, index, tensors);
+        Err(not_implemented(self.device_type(), "label_tensors"))
+    }
+
     /// Allocates the buffer of memory id `memory_id` of a memory plan, `nbytes` long, on device
     /// `index`, which the allocator keeps: the seed's `init_buffer`. Default:
     /// [`Error::NotSupported`].

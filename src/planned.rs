@@ -309,6 +309,24 @@ impl<'a> PlannedMemory<'a> {
         let mut memory = Self::aligned(allocator, &[big("size", plan.size())?], index, alignment, label)?;
         memory.tensors = (0..plan.len()).filter_map(|i| plan.tensor(i)).collect();
         memory.names = tensor_labels.iter().map(|l| l.to_string()).collect();
+        let notes: Vec<crate::snapshot::TensorNote> = memory
+            .names
+            .iter()
+            .zip(&memory.tensors)
+            .map(|(label, &(offset, size))| crate::snapshot::TensorNote {
+                label: label.clone(),
+                offset,
+                size,
+            })
+            .collect();
+        let base = memory.table.list().first().map(|&(_, base, _)| base).unwrap_or(DevicePtr::NULL);
+        if !notes.is_empty() && !base.is_null() {
+            // For snapshots and the viewer; an allocator that keeps no names is fine.
+            match allocator.label_tensors(base, index, &notes) {
+                Ok(()) | Err(Error::NotSupported { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
         Ok(memory)
     }
 

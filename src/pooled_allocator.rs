@@ -221,6 +221,18 @@ impl<T: Pooled> DeviceAllocator for T {
         self.pooled().pool(index)?.deallocate(ptr).map_err(|e| self.pooled().foreign(index, ptr, e))
     }
 
+    fn label_tensors(
+        &self,
+        ptr: DevicePtr,
+        index: DeviceIndex,
+        tensors: &[crate::snapshot::TensorNote],
+    ) -> Result<()> {
+        self.pooled()
+            .pool(index)?
+            .label_tensors(ptr, tensors)
+            .map_err(|e| self.pooled().foreign(index, ptr, e))
+    }
+
     fn copy_host_to_device(&self, dst: DevicePtr, src: &[u8], index: DeviceIndex) -> Result<()> {
         self.pooled().pool(index)?.write(dst, src).map_err(|e| self.pooled().foreign(index, dst, e))
     }

@@ -160,6 +160,21 @@ pub struct LiveAllocation {
     /// own messages name the buffer `devalloc block <id> (<capacity> bytes)`).
     #[serde(default)]
     pub block: u64,
+    /// The tensors inside it, where the program named them (a planned buffer's:
+    /// `DeviceAllocator::label_tensors`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tensors: Vec<TensorNote>,
+}
+
+/// A named range inside an allocation: a tensor of a planned buffer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TensorNote {
+    /// Its label.
+    pub label: String,
+    /// Its offset from the allocation's start.
+    pub offset: u64,
+    /// Its bytes.
+    pub size: u64,
 }
 
 impl LiveAllocation {
@@ -301,6 +316,14 @@ pub enum EventKind {
         /// Planned buffers released.
         count: u64,
     },
+    /// The tensors inside a live allocation named (`DeviceAllocator::label_tensors`).
+    Tensors {
+        /// The allocation's address.
+        #[serde(with = "hex_addr")]
+        addr: u64,
+        /// Its tensors.
+        tensors: Vec<TensorNote>,
+    },
 }
 
 #[cfg(test)]
@@ -314,7 +337,14 @@ mod tests {
             stats: AllocatorStats::default(),
             memory_limit: None,
             device_memory: None,
-            live: vec![LiveAllocation { addr, size: 1, capacity: 256, label: None, block: 1 }],
+            live: vec![LiveAllocation {
+                addr,
+                size: 1,
+                capacity: 256,
+                label: None,
+                block: 1,
+                tensors: Vec::new(),
+            }],
             cached: vec![],
             planned: vec![PlannedBuffer { memory_id: 0, addr, size: 1 }],
             history: None,

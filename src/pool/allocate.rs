@@ -332,6 +332,7 @@ impl<S: Storage> Pool<S> {
             span,
             // Made for a size the budget had given back (and so on through reuses).
             proven,
+            tensors: Vec::new(),
         };
         state.live.insert(base, live);
         self.note(|| EventKind::Alloc {

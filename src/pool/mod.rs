@@ -151,6 +151,8 @@ struct Live<S: Storage> {
     span: Option<Span>,
     /// Whether the workload came back to the block (see `budget.rs`).
     proven: bool,
+    /// The tensors inside it, where named.
+    tensors: Vec<crate::snapshot::TensorNote>,
 }
 
 struct State<S: Storage> {

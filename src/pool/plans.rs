@@ -3,7 +3,7 @@
 use super::{lock, Pool};
 use crate::allocator::DEFAULT_ALIGNMENT;
 use crate::checks::len64;
-use crate::error::Result;
+use crate::error::{Error, PointerProblem, Result};
 use crate::ptr::DevicePtr;
 use crate::snapshot::EventKind;
 use crate::storage::Storage;
@@ -32,6 +32,35 @@ impl<S: Storage> Pool<S> {
         let base = self.allocate_params(nbytes, alignment, Some(&label), S::Params::default())?;
         self.note(|| EventKind::PlannedBuffer { memory_id, addr: base.addr(), size: len64(nbytes) });
         Ok(base)
+    }
+
+    /// Names the tensors inside the allocation that starts at `ptr` (replacing earlier names),
+    /// each checked to lie inside it.
+    pub fn label_tensors(&self, ptr: DevicePtr, tensors: &[crate::snapshot::TensorNote]) -> Result<()> {
+        let mut state = lock(&self.state);
+        let Some(live) = state.live.get_mut(&ptr.addr()) else {
+            let problem = match self.pointer_problem(&state, ptr) {
+                PointerProblem::Unknown if Self::find(&state, ptr.addr()).is_some() => {
+                    PointerProblem::NotAllocationStart
+                }
+                p => p,
+            };
+            return Err(Error::InvalidPointer { ptr, device: self.device, problem });
+        };
+        let size = live.size;
+        if let Some(t) = tensors.iter().find(|t| t.offset.checked_add(t.size).is_none_or(|end| end > size)) {
+            return Err(Error::OutOfBounds {
+                device: self.device,
+                what: format!("tensor '{}' of the allocation at {ptr}", t.label),
+                offset: t.offset,
+                len: t.size,
+                size,
+            });
+        }
+        live.tensors = tensors.to_vec();
+        drop(state);
+        self.note(|| EventKind::Tensors { addr: ptr.addr(), tensors: tensors.to_vec() });
+        Ok(())
     }
 
     /// `buffer(memory_id) + offset`, bounds-checked for `nbytes`.

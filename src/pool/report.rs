@@ -42,6 +42,7 @@ impl<S: Storage> Pool<S> {
                 capacity: l.key.capacity,
                 label: l.label.as_deref().map(Into::into),
                 block: l.block_id,
+                tensors: l.tensors.clone(),
             })
             .collect()
     }

@@ -367,6 +367,48 @@ fn planned_memory_labels_its_buffer_and_tensors() {
     let live = host.pooled().pool(0).unwrap().live_allocations();
     assert_eq!(live.len(), 1);
     assert_eq!((live[0].label.as_deref(), live[0].size), (Some("acts"), p.size()));
+    let names: Vec<(&str, u64, u64)> =
+        live[0].tensors.iter().map(|t| (t.label.as_str(), t.offset, t.size)).collect();
+    let planned: Vec<(u64, u64)> = (0..3).map(|i| p.tensor(i).unwrap()).collect();
+    assert_eq!(
+        names,
+        [("in", planned[0].0, 100), ("hidden", planned[1].0, 5000), ("out", planned[2].0, 300)]
+    );
     let snap = host.snapshot().unwrap().to_json();
-    assert!(snap.contains("\"acts\""), "the snapshot names the planned buffer: {snap}");
+    assert!(
+        snap.contains("\"acts\"") && snap.contains("\"hidden\""),
+        "the snapshot names the buffer and tensors: {snap}"
+    );
+}
+
+/// `label_tensors` refuses what is not a live allocation's start and ranges outside it,
+/// changing nothing; names given again replace the old ones; the history notes them.
+#[test]
+fn tensor_names_are_checked_and_recorded() {
+    use devalloc::snapshot::{EventKind, TensorNote};
+    use devalloc::DeviceAllocator;
+    let host = devalloc::HostAllocator::new();
+    host.record_history(16).unwrap();
+    let p = host.allocate(1000, 0, 256).unwrap();
+    let note = |label: &str, offset, size| TensorNote { label: label.into(), offset, size };
+    let live = || host.live_allocations(0).unwrap()[0].tensors.clone();
+    let bad = [
+        (p.offset(8).unwrap(), vec![note("a", 0, 8)]),
+        (p, vec![note("a", 0, 8), note("past", 996, 5)]),
+        (p, vec![note("wrap", u64::MAX, 2)]),
+        (devalloc::DevicePtr::new(0xdead_0000), vec![note("a", 0, 8)]),
+    ];
+    for (ptr, notes) in bad {
+        assert!(host.label_tensors(ptr, 0, &notes).is_err(), "{ptr} {notes:?}");
+        assert!(live().is_empty(), "a refused call named nothing");
+    }
+    host.label_tensors(p, 0, &[note("a", 0, 500), note("b", 500, 500)]).unwrap();
+    host.label_tensors(p, 0, &[note("whole", 0, 1000)]).unwrap();
+    assert_eq!(live(), [note("whole", 0, 1000)]);
+    let snap = host.snapshot().unwrap();
+    let events = &snap.devices[0].history.as_ref().unwrap().events;
+    let named = events.iter().filter(|e| matches!(e.kind, EventKind::Tensors { .. })).count();
+    assert_eq!(named, 2);
+    host.deallocate(p, 0).unwrap();
+    assert!(host.label_tensors(p, 0, &[note("a", 0, 1)]).is_err(), "a freed allocation");
 }
