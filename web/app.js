@@ -269,7 +269,7 @@ async function snapshotFromUrl(url) {
   } catch (e) {
     results.viewer = undefined;
     results.viewerError = `snapshot ${url}: ${e && e.message || e}`;
-    $("viewer-summary").innerHTML = `<span class="bad">${results.viewerError}</span>`;
+    showBad($("viewer-summary"), results.viewerError);
   }
 }
 
@@ -288,7 +288,14 @@ async function planFromUrl(url) {
 // A file opened in the viewer (picker or drop): a plan CSV, or a snapshot.
 function openFile(text, name) {
   if (isPlanCsv(text, name)) { results.plan = renderPlanCsv(text, name); return; }
-  try { results.viewer = viewer.render(text, name); } catch (e) { $("viewer-summary").innerHTML = `<span class="bad">${name}: ${e.message}</span>`; }
+  try { results.viewer = viewer.render(text, name); } catch (e) { showBad($("viewer-summary"), `${name}: ${e.message}`); }
+}
+// A message that quotes a file (its name, a parse error) shown as text, never as HTML.
+function showBad(el, text) {
+  const span = document.createElement("span");
+  span.className = "bad";
+  span.textContent = text;
+  el.replaceChildren(span);
 }
 
 // The browser took the GPU away: say so, show that devalloc now answers DeviceLost, offer to

@@ -9,6 +9,9 @@ import { human, exact, byteTicks, countTicks, parseBytes, PALETTE, OTHER } from 
 export { lastPlan } from "./plan.js";
 
 const hex = (a) => "0x" + BigInt(a).toString(16);
+// Text from a snapshot (labels, messages, names), made safe to put in HTML: a snapshot file is
+// anyone's, and a label like `<img onerror=...>` must show as text, never run.
+const esc = (s) => String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
 const $ = (id) => document.getElementById(id);
 
 // The key an allocation is coloured by: its label, else its size class.
@@ -28,7 +31,8 @@ export function timeline(dev) {
   const events = (dev.history && dev.history.events) || [];
   const seen = new Set(events.filter((e) => e.kind === "alloc").map((e) => String(e.addr)));
   const live = new Map();
-  const planned = new Set(events.filter((e) => e.kind === "planned_buffer").map((e) => String(e.addr)));
+  // Planned buffers: recorded as such, or allocations whose tensors were named.
+  const planned = new Set(events.filter((e) => e.kind === "planned_buffer" || e.kind === "tensors").map((e) => String(e.addr)));
   (dev.planned || []).forEach((p) => planned.add(String(p.addr)));
   // What was live before the first recorded event: freed later without an alloc event, or
   // live at the end without one.
@@ -53,6 +57,8 @@ export function timeline(dev) {
       if (e.to_cache) cached += e.capacity;
     } else if (e.kind === "empty_cache" || e.kind === "evict") {
       cached = Math.max(0, cached - e.bytes);
+    } else if (e.kind === "tensors" && live.has(String(e.addr))) {
+      live.set(String(e.addr), { ...live.get(String(e.addr)), tensors: e.tensors });
     }
     steps.push({ live: [...live.values()].sort((a, b) => a.order - b.order), cached, event: e });
   }
@@ -153,7 +159,7 @@ function legend(el, families, colour, hasPlanned) {
   const shown = families.filter((f) => f.colour !== OTHER);
   const rest = families.length - shown.length;
   const chip = (k) => `<i style="background:${colour.get(k)}"></i>`;
-  const name = (f) => (f.members.length === 1 ? f.members[0]
+  const name = (f) => esc(f.members.length === 1 ? f.members[0]
     : f.name === "unlabelled" ? `unlabelled (${f.members.map((k) => k.slice(11)).join(", ")})`
     : f.members.length <= 3 ? f.members.join(", ") : `${f.members[0]} … ${f.members[f.members.length - 1]} (${f.members.length})`);
   el.innerHTML = shown.map((f) => `<span class="chip">${f.members.slice(0, 6).map(chip).join("")}${name(f)}</span>`).join("")
@@ -163,10 +169,14 @@ function legend(el, families, colour, hasPlanned) {
     + (hasPlanned ? `<span class="chip"><i class="outlined"></i>planned buffer</span>` : "");
 }
 
+// The tensors named inside an allocation (a planned buffer's), as the tables show them.
+const tensorsOf = (a) => (a.tensors && a.tensors.length
+  ? ` <span class="tensors">(tensors: ${a.tensors.map((t) => `${esc(t.label)} ${human(t.size)} at +${esc(t.offset)}`).join(", ")})</span>` : "");
+
 function peakTable(el, steps) {
   const peak = steps.reduce((p, s) => (s.allocated > p.allocated ? s : p), steps[0]);
   const rows = [...peak.live].sort((a, b) => b.size - a.size).slice(0, 10)
-    .map((a) => `<tr><td>${a.label || "unlabelled"}</td><td>${human(a.size)}</td><td>${hex(a.addr)}</td></tr>`).join("");
+    .map((a) => `<tr><td>${esc(a.label || "unlabelled")}${tensorsOf(a)}</td><td>${human(a.size)}</td><td>${hex(a.addr)}</td></tr>`).join("");
   el.innerHTML = `<caption>largest allocations at the peak of this history: ${human(peak.allocated)} allocated${peak.event ? ` after event ${peak.event.seq}` : ""}</caption>`
     + `<thead><tr><th>label</th><th>size</th><th>address</th></tr></thead><tbody>${rows}</tbody>`;
   return peak;
@@ -175,16 +185,17 @@ function peakTable(el, steps) {
 function eventTable(el, dev) {
   const all = (dev.history && dev.history.events) || [];
   const events = all.slice(-200);
-  const detail = (e) => e.kind === "alloc" ? `${human(e.size)} ${e.label || ""} ${e.from_cache ? "(cache hit)" : "(from the device)"}`
+  const detail = (e) => esc(e.kind === "alloc" ? `${human(e.size)} ${e.label || ""} ${e.from_cache ? "(cache hit)" : "(from the device)"}`
     : e.kind === "free" ? `${human(e.size)} ${e.to_cache ? "(to the cache)" : "(back to the device)"}`
     : e.kind === "out_of_memory" ? `${human(e.requested)}: ${e.detail}`
     : e.kind === "planned_buffer" ? `memory id ${e.memory_id}, ${human(e.size)}`
-    : e.bytes !== undefined ? human(e.bytes) : e.count !== undefined ? `${e.count}` : "";
+    : e.kind === "tensors" ? `tensors named: ${(e.tensors || []).map((t) => t.label).join(", ")}`
+    : e.bytes !== undefined ? human(e.bytes) : e.count !== undefined ? `${e.count}` : "");
   // A browser's clock (Date.now()) has 1 ms steps: say so rather than show µs it never had.
   const coarse = all.length > 1 && all.every((e) => e.time_us % 1000 === 0);
   el.innerHTML = `<caption>${events.length < all.length ? `the newest ${events.length} of ${all.length} events` : `all ${all.length} events`}; µs since recording started${coarse ? " (in 1 ms steps: recorded by a browser)" : ""}</caption>`
     + `<thead><tr><th>#</th><th>µs</th><th>event</th><th>address</th><th>detail</th></tr></thead><tbody>`
-    + events.map((e) => `<tr><td>${e.seq}</td><td>${e.time_us}</td><td>${e.kind}</td><td>${e.addr !== undefined ? hex(e.addr) : ""}</td><td>${detail(e)}</td></tr>`).join("")
+    + events.map((e) => `<tr><td>${esc(e.seq)}</td><td>${esc(e.time_us)}</td><td>${esc(e.kind)}</td><td>${e.addr !== undefined ? hex(e.addr) : ""}</td><td>${detail(e)}</td></tr>`).join("")
     + "</tbody>";
 }
 
@@ -207,7 +218,7 @@ function summary(source, dev, tl, peak) {
   }
   if (tl.before) parts.push(`${tl.before} allocation${tl.before > 1 ? "s" : ""} made before recording started, drawn from the start`);
   parts.push(`${s.cache_hits} cache hits / ${s.cache_misses} misses`);
-  const planned = (dev.planned || []).length + events.filter((e) => e.kind === "planned_buffer").length;
+  const planned = (dev.planned || []).length + events.filter((e) => e.kind === "planned_buffer" || e.kind === "tensors").length;
   parts.push(planned ? `planned buffers outlined` : `no planned buffers recorded`);
   const dm = dev.device_memory;
   if (dm && dm.total_bytes) parts.push(`device ${human(dm.free_bytes || 0)} free of ${human(dm.total_bytes)}`);
@@ -274,7 +285,7 @@ export function render(snapshot, source) {
   if (!snap || snap.format !== "devalloc-snapshot") throw new Error("not a devalloc snapshot");
   const devices = snap.devices || [];
   const select = $("viewer-device");
-  select.innerHTML = devices.map((d, i) => `<option value="${i}">${d.device}: ${nameOf(d.name)}</option>`).join("");
+  select.innerHTML = devices.map((d, i) => `<option value="${i}">${esc(d.device)}: ${esc(nameOf(d.name))}</option>`).join("");
   const result = { source, devices: devices.length, shown: null };
   const show = (i) => {
     const dev = devices[i];
@@ -293,6 +304,10 @@ export function render(snapshot, source) {
       device: dev.device, events: tl.steps.length - 1, peakBytes: peak.allocated,
       peakReserved: Math.max(...tl.steps.map((s) => s.reserved)), reservedNow: dev.stats.reserved_bytes,
       before: tl.before, beforeBytes: tl.steps[0].allocated, labels: keys.length, families: families.length, coloured: keys.filter((k) => map.get(k) !== OTHER).length, planned: tl.planned.size,
+      // The tensors named in planned buffers, and whether the tables show each name.
+      tensors: ((dev.history && dev.history.events) || []).filter((e) => e.kind === "tensors").flatMap((e) => e.tensors.map((t) => t.label)),
+      tensorsShown: ((dev.history && dev.history.events) || []).filter((e) => e.kind === "tensors")
+        .every((e) => e.tensors.every((t) => $("viewer-events").textContent.includes(t.label))),
       steps: tl.steps.slice(1).map((s) => [s.event.seq, s.event.kind, s.event.label || null, s.allocated, s.reserved]),
     };
     delete result.replay;

@@ -114,7 +114,10 @@ pub async fn run(a: &WgpuAllocator, widths: &[usize], batch: usize) -> devalloc:
     // Activations: planned so that those never live at once share bytes, at bindable offsets.
     let lives = activations(batch, widths);
     let plan = plan::plan(&lives, a.binding_alignment(0)? as u64, Strategy::Fast)?;
-    let memory = PlannedMemory::from_plan(a, &plan, 0)?;
+    let names: Vec<String> =
+        (0..lives.len()).map(|l| if l == 0 { "input".into() } else { format!("act.layer{l}") }).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let memory = PlannedMemory::from_plan_labeled(a, &plan, 0, Some("activations"), &names)?;
     let acts: Vec<DevicePtr> =
         (0..lives.len()).map(|i| memory.tensor(i).map(|t| t.ptr)).collect::<devalloc::Result<_>>()?;
     let x = values(batch * widths[0], 99);

@@ -305,6 +305,10 @@ check(snapshotFile ? `the viewer drew the snapshot ${snapshotFile}` : "the viewe
   v.shown && v.shown.events > 0 && v.shown.peakBytes > 0 && (!snapshotFile || v.source.includes(snapshotFile.split("/").pop())));
 check(`every label of the viewer has a colour of its own, none gray (${v.shown && v.shown.coloured} of ${v.shown && v.shown.labels} labels in ${v.shown && v.shown.families} colour groups)`, v.shown && v.shown.coloured === v.shown.labels);
 if (!snapshotFile && !noWebgpu) check("the viewer outlines the network's planned buffer", v.shown && v.shown.planned > 0);
+if (!snapshotFile && !noWebgpu) {
+  const names = (v.shown && v.shown.tensors) || [];
+  check(`the viewer names the network's planned tensors (${names.join(", ")})`, names.includes("input") && v.shown.tensorsShown);
+}
 if (snapshotFile) {
   // The tour's growing KV cache: the pool's budget gives old sizes back, and reserved falls there.
   const steps = (v.shown && v.shown.steps) || [];
