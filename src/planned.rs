@@ -321,10 +321,11 @@ impl<'a> PlannedMemory<'a> {
             .collect();
         let base = memory.table.list().first().map(|&(_, base, _)| base).unwrap_or(DevicePtr::NULL);
         if !notes.is_empty() && !base.is_null() {
-            // For snapshots and the viewer; an allocator that keeps no names is fine.
+            // Names for snapshots and the viewer: an allocator that keeps none, or refuses them,
+            // costs the names only (the memory is made, and a failed call would have to free it).
             match allocator.label_tensors(base, index, &notes) {
                 Ok(()) | Err(Error::NotSupported { .. }) => {}
-                Err(e) => return Err(e),
+                Err(e) => log::warn!("devalloc: naming the tensors of planned buffer {base}: {e}"),
             }
         }
         Ok(memory)

@@ -134,6 +134,8 @@ impl WgpuAllocator {
     /// binding of it). Errors name the memory: a planned tensor by its label, an allocation
     /// by its label and address.
     pub fn bindings(&self, binds: &[Bind], index: DeviceIndex) -> Result<Bindings> {
+        // The device first: an index it does not have, or a device lost, even with no binds.
+        self.0.pool(index)?.storage().gpu.check_lost()?;
         let mut items = Vec::with_capacity(binds.len());
         for (k, b) in binds.iter().enumerate() {
             let named = |e: Error| self.about(b, index, e);
@@ -179,6 +181,13 @@ impl WgpuAllocator {
     /// samplers), in an error scope: a bind group that does not match the layout is an
     /// [`Error::Backend`] with wgpu's message (in the browser, where a scope cannot be awaited
     /// here, wgpu reports it to the device as usual).
+    ///
+    /// What devalloc cannot check: `extra` entries are passed as they are (give devalloc
+    /// memory as `binds`, not as entries of kept [`Bindings`], so that its access is checked
+    /// against the other binds); each bind's [`Access`] is taken as given (wgpu does not
+    /// expose a layout's entries: declare what the shader declares); and `layout` and `extra`
+    /// must come from this allocator's device (wgpu resolves another `wgpu::Instance`'s
+    /// objects by id, and may take them for this device's own).
     pub fn bind_group(
         &self,
         layout: &wgpu::BindGroupLayout,
@@ -188,6 +197,7 @@ impl WgpuAllocator {
     ) -> Result<wgpu::BindGroup> {
         let bindings = self.bindings(binds, index)?;
         let mut entries = bindings.entries();
+        debug_assert!(entries.len() == binds.len());
         entries.extend(extra.iter().cloned());
         let pool = self.0.pool(index)?;
         let gpu = &pool.storage().gpu;

@@ -126,3 +126,20 @@ fn with_reuse_off_a_bind_group_kept_past_the_free_is_reported_at_the_submit() {
         assert!(pollster::block_on(bindings::stale_bind_group(&a, 0)).is_none(), "{backend:?}");
     }
 }
+
+/// After `device.destroy()` the one-call bindings are `DeviceLost` even with nothing of
+/// devalloc's to bind (a hostile review found them `Ok`), and an index the allocator does not
+/// have is refused however few binds there are.
+#[test]
+fn bindings_on_a_lost_device_are_device_lost() {
+    let Some(a) = open(wgpu::Backend::Vulkan, WgpuOptions::default()) else { return };
+    let device = a.device(0).unwrap().clone();
+    let layout =
+        device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: None, entries: &[] });
+    a.bind_group(&layout, &[], &[], 0).unwrap();
+    assert!(a.bindings(&[], 7).is_err());
+    device.destroy();
+    let e = a.bind_group(&layout, &[], &[], 0).unwrap_err();
+    assert!(matches!(e, devalloc::Error::DeviceLost { .. }), "{e}");
+    assert!(matches!(a.bindings(&[], 0), Err(devalloc::Error::DeviceLost { .. })));
+}
