@@ -123,6 +123,27 @@ async function planFiles(page) {
   check(`a plan of ${n} tensors is read and drawn in ${big.ms && big.ms.toFixed(0)} ms (under 1 s), none overlapping`, big.drawn === n && big.overlaps === 0 && big.ms < 1000);
   await page.locator("#plan-view").screenshot({ path: planLargeShot });
   console.log(`e2e: plan CSVs: ${p.summary} | ${n} tensors: ${big.ms.toFixed(0)} ms; screenshots ${planCsvShot}, ${planLargeShot}`);
+  await hostileSnapshot(page);
+}
+
+// A snapshot file is anyone's: labels and names that are HTML must show as text, never run.
+async function hostileSnapshot(page) {
+  const evil = `<img src=x onerror="window.__devallocXss=1">`;
+  const addr = "0x1000";
+  const stats = { allocated_bytes: 64, reserved_bytes: 256, cached_bytes: 0, peak_allocated_bytes: 64, peak_reserved_bytes: 256, cache_hits: 0, cache_misses: 1 };
+  const events = [
+    { seq: 0, time_us: 0, kind: "alloc", addr, size: 64, capacity: 256, label: evil, from_cache: false },
+    { seq: 1, time_us: 1, kind: "tensors", addr, tensors: [{ label: evil, offset: 0, size: 64 }] },
+  ];
+  const snap = { format: "devalloc-snapshot", devices: [{ device: evil, name: evil, stats, live: [], history: { capacity: 16, dropped: 0, events } }] };
+  const name = "hostile-snapshot.json";
+  await page.setInputFiles("#viewer-file", { name, mimeType: "application/json", buffer: Buffer.from(JSON.stringify(snap)) });
+  await page.waitForFunction((n) => document.getElementById("viewer-summary").textContent.includes(n), name, { timeout: 30_000 });
+  await page.waitForTimeout(200);
+  const r = await page.evaluate(() => ({ ran: window.__devallocXss, imgs: document.querySelectorAll("#viewer img").length,
+    peak: document.getElementById("viewer-peak").textContent, events: document.getElementById("viewer-events").textContent }));
+  check("a snapshot whose labels and names are HTML shows them as text and runs nothing",
+    r.ran === undefined && r.imgs === 0 && r.peak.includes(evil) && r.events.includes("tensors named: <img"));
 }
 
 const port = await freePort();
