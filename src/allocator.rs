@@ -85,6 +85,21 @@ pub trait DeviceAllocator: WasmNotSendSync {
     /// Allocates `nbytes` bytes on device `index`, aligned to `alignment` (a power of two).
     fn allocate(&self, nbytes: usize, index: DeviceIndex, alignment: usize) -> Result<DevicePtr>;
 
+    /// Async twin of [`DeviceAllocator::allocate`]: where the device says only later whether it
+    /// could make the memory (the browser's WebGPU reports out of memory asynchronously), waits
+    /// for that, so that running out is [`Error::OutOfMemory`] here, after the cache was given
+    /// back and the exact size tried once more, as on native; `allocate` there returns at once,
+    /// and an allocation the browser then refuses is `OutOfMemory` at its next use. Use this one
+    /// in the browser wherever the memory may not be there. Default: `allocate`.
+    fn allocate_async<'a>(
+        &'a self,
+        nbytes: usize,
+        index: DeviceIndex,
+        alignment: usize,
+    ) -> BoxFuture<'a, Result<DevicePtr>> {
+        Box::pin(async move { self.allocate(nbytes, index, alignment) })
+    }
+
     /// [`DeviceAllocator::allocate`] with a label for people: reports, snapshots, histories and
     /// out-of-memory errors name the allocation by it. A label never changes which memory is
     /// reused. Default: the label is dropped.

@@ -117,9 +117,27 @@ impl<'a> DeviceMemoryBuffer<'a> {
         index: DeviceIndex,
     ) -> Result<Self> {
         let bytes: &[u8] = bytemuck::cast_slice(values);
-        let mut buf = Self::create_on(allocator, bytes.len(), index, crate::DEFAULT_ALIGNMENT)?;
+        let mut buf = Self::create_on_async(allocator, bytes.len(), index, crate::DEFAULT_ALIGNMENT).await?;
         buf.write_at_async(0, bytes).await?;
         Ok(buf)
+    }
+
+    /// Async twin of [`DeviceMemoryBuffer::create_on`], through
+    /// [`DeviceAllocator::allocate_async`]: in the browser, running out of memory is an
+    /// error here rather than at the buffer's first use.
+    pub async fn create_on_async(
+        allocator: &'a dyn DeviceAllocator,
+        size: usize,
+        index: DeviceIndex,
+        alignment: usize,
+    ) -> Result<Self> {
+        let ptr = allocator.allocate_async(size, index, alignment).await?;
+        Ok(DeviceMemoryBuffer {
+            ptr,
+            size,
+            device: Device::new(allocator.device_type(), index),
+            allocator: Some(allocator),
+        })
     }
 
     /// The device address (null when empty).

@@ -55,8 +55,13 @@
 //!   data, not the stats (one exception: an allocation that fails on the device may first have
 //!   given cached blocks back to it, to make room, as PyTorch's does). Impossible requests are
 //!   [`Error::TooLarge`] or [`Error::InvalidArgument`]; [`Error::OutOfMemory`] means "not now"
-//!   and says what is held. In the browser, WebGPU reports a buffer it could not create only
-//!   later, asynchronously: devalloc logs it, and the allocation has already returned.
+//!   and says what is held. In the browser, WebGPU says it could not make a buffer only later,
+//!   asynchronously: [`DeviceAllocator::allocate_async`] (and `DeviceMemoryBuffer::
+//!   create_on_async`, `from_pod_on_async`, the JS class's `allocateAsync`) waits for that and
+//!   is `OutOfMemory` as on native, after giving the cache back and trying once more. `allocate`
+//!   cannot wait: an allocation the browser then refuses stops counting in the stats, and every
+//!   later use of it (copies, `buffer`, bindings, `deallocate`) is `OutOfMemory` naming it, with
+//!   one warning in the console. Use the async form wherever memory may run out in a browser.
 //! - Stale, interior and foreign pointers are refused: host and wgpu addresses are virtual and
 //!   a freed range is not handed out again within 2^32 frees (unless the device's 4 PiB
 //!   window has no other room), so a use after free is reported as such.

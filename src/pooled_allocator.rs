@@ -217,6 +217,18 @@ impl<T: Pooled> DeviceAllocator for T {
         self.pooled().pool(index)?.allocate_params(nbytes, alignment, Some(label), params)
     }
 
+    fn allocate_async<'a>(
+        &'a self,
+        nbytes: usize,
+        index: DeviceIndex,
+        alignment: usize,
+    ) -> crate::allocator::BoxFuture<'a, Result<DevicePtr>> {
+        Box::pin(async move {
+            let params = <T::Storage as Storage>::Params::default();
+            self.pooled().pool(index)?.allocate_params_async(nbytes, alignment, None, params).await
+        })
+    }
+
     fn deallocate(&self, ptr: DevicePtr, index: DeviceIndex) -> Result<()> {
         self.pooled().pool(index)?.deallocate(ptr).map_err(|e| self.pooled().foreign(index, ptr, e))
     }

@@ -63,6 +63,32 @@ pub trait Storage: WasmNotSendSync {
     /// [`crate::Error::TooLarge`].
     fn alloc(&self, capacity: u64, alignment: u64, params: &Self::Params, name: &str) -> Result<Self::Block>;
 
+    /// Async twin of [`Storage::alloc`]: where the device says only later whether it could
+    /// make a block (the browser's WebGPU), waits for that. Default: [`Storage::alloc`].
+    fn alloc_async<'a>(
+        &'a self,
+        capacity: u64,
+        alignment: u64,
+        params: &'a Self::Params,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Self::Block>> {
+        Box::pin(async move { self.alloc(capacity, alignment, params, name) })
+    }
+
+    /// Whether the device refused `block` after [`Storage::alloc`] returned it (the browser's
+    /// WebGPU reports an out-of-memory later): the pool then stops counting its allocation and
+    /// refuses every use of it. Default: never.
+    fn refused(&self, block: &Self::Block) -> bool {
+        let _ = block;
+        false
+    }
+
+    /// How many blocks the device has refused so far ([`Storage::refused`]); the pool looks for
+    /// them when it changes. Default: 0.
+    fn refusals(&self) -> u64 {
+        0
+    }
+
     /// The block's real device address, for storages that have them (CUDA).
     fn address(&self, block: &Self::Block) -> Option<u64> {
         let _ = block;

@@ -82,6 +82,15 @@ async fn independent_allocations_bind_together_after_churn() {
     conformance::bindings::independent_allocations_bind_together_after_churn(open().await, 0).await;
 }
 
+/// Out of memory, injected (see `conformance::browser_oom`), on an allocator of its own.
+#[wasm_bindgen_test]
+async fn out_of_memory_is_reported_on_both_paths() {
+    let a = WgpuAllocator::with_options_async(wgpu::Backend::BrowserWebGpu, WgpuOptions::default())
+        .await
+        .unwrap();
+    conformance::browser_oom::out_of_memory_in_the_browser(&a).await;
+}
+
 #[wasm_bindgen_test]
 async fn bindings_in_one_call() {
     conformance::bind_helper::bindings_in_one_call(open().await, 0).await;

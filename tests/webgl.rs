@@ -100,6 +100,25 @@ mod webgl {
         assert!(conformance::bindings::stale_bind_group(&a, 0).await.is_none(), "the default reuses");
     }
 
+    /// `allocate_async` on WebGL2: wgpu's GL backend (wgpu-core) judges a buffer at once, and
+    /// there is no `GPUDevice` whose `createBuffer` a test could make fail, so only the working
+    /// path and an impossible size are checked here (the WebGPU suite injects out of memory).
+    #[wasm_bindgen_test]
+    async fn allocate_async_allocates_and_refuses_what_never_fits() {
+        let a = adopt(WgpuOptions::default()).await.unwrap();
+        let before = a.stats(0).unwrap();
+        let p = a.allocate_async(4096, 0, DEFAULT_ALIGNMENT).await.unwrap();
+        a.copy_host_to_device_async(p, &[5u8; 32], 0).await.unwrap();
+        let mut back = [0u8; 32];
+        a.copy_device_to_host_async(&mut back, p, 0).await.unwrap();
+        assert_eq!(back, [5u8; 32]);
+        a.deallocate(p, 0).unwrap();
+        let r = a.allocate_async(usize::MAX / 2, 0, DEFAULT_ALIGNMENT).await;
+        assert!(matches!(r, Err(devalloc::Error::TooLarge { .. })), "{r:?}");
+        assert_eq!(a.stats(0).unwrap().allocated_bytes, before.allocated_bytes);
+        eprintln!("webgl: no GPUDevice to inject out of memory into: checked the working path and a size past the device");
+    }
+
     /// WebGL2 has no compute: the refusal of storage bindings and a uniform binding.
     #[wasm_bindgen_test]
     async fn bindings_in_one_call() {

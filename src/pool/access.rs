@@ -1,13 +1,59 @@
-//! The pool's data path: copies through checked pointers to the storage's blocks.
+//! The pool's data path: pointers checked against the live allocations, and copies through
+//! them to the storage's blocks.
+
+use std::sync::Arc;
 
 use super::history::CopyKind;
-use super::Pool;
+use super::{lock, BlockRef, Live, Pool, State};
 use crate::checks::len64;
-use crate::error::Result;
+use crate::error::{Error, PointerProblem, Result};
 use crate::ptr::DevicePtr;
 use crate::storage::Storage;
 
 impl<S: Storage> Pool<S> {
+    pub(super) fn find(state: &State<S>, addr: u64) -> Option<(u64, &Live<S>)> {
+        state.live.range(..=addr).next_back().filter(|(&b, l)| addr <= b + l.size).map(|(&b, l)| (b, l))
+    }
+
+    pub(super) fn pointer_problem(&self, state: &State<S>, ptr: DevicePtr) -> PointerProblem {
+        if ptr.is_null() {
+            PointerProblem::Null
+        } else if state.window.as_ref().is_some_and(|w| lock(w).was_freed(ptr.addr())) {
+            PointerProblem::Freed
+        } else {
+            PointerProblem::Unknown
+        }
+    }
+
+    /// Whether `ptr` lies in (or at the end of) a live allocation of this pool.
+    pub fn contains(&self, ptr: DevicePtr) -> bool {
+        Self::find(&lock(&self.state), ptr.addr()).is_some()
+    }
+
+    /// The block behind `ptr`, checked so that `len` bytes from `ptr` stay in its allocation.
+    pub fn block_at(&self, ptr: DevicePtr, len: u64) -> Result<BlockRef<S::Block>> {
+        let mut state = lock(&self.state);
+        self.sweep_refused(&mut state);
+        let Some((base, live)) = Self::find(&state, ptr.addr()) else {
+            if let Some(e) = self.refusal(&state, ptr) {
+                return Err(e);
+            }
+            let problem = self.pointer_problem(&state, ptr);
+            return Err(Error::InvalidPointer { ptr, device: self.device, problem });
+        };
+        let offset = ptr.addr() - base;
+        if offset.checked_add(len).is_none_or(|end| end > live.size) {
+            return Err(Error::OutOfBounds {
+                device: self.device,
+                what: "an allocation".into(),
+                offset,
+                len,
+                size: live.size,
+            });
+        }
+        Ok(BlockRef { block: Arc::clone(&live.block), offset, available: live.size - offset })
+    }
+
     /// Writes `src` at `dst`. 0 bytes: Ok without looking at `dst`.
     pub fn write(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
         if src.is_empty() {

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use super::address::{Refused, Reservation, Span};
 use super::cache::{reuse_bound, Cached, Key};
+use super::retry::block_name;
 use super::{lock, Live, Pool, PoolOptions, Prepared, Source, State};
 use crate::allocator::DEFAULT_ALIGNMENT;
 use crate::checks::{check_request, len64, round_up};
@@ -13,6 +14,10 @@ use crate::error::{Error, Result};
 use crate::ptr::DevicePtr;
 use crate::snapshot::EventKind;
 use crate::storage::Storage;
+
+/// A request worked out and claimed: its plan, where its block comes from, its addresses.
+pub(super) type Started<S> =
+    (Prepared<<S as Storage>::Params>, Source<<S as Storage>::Block>, Option<Reservation>);
 
 impl<S: Storage> Pool<S> {
     /// Allocates `nbytes` aligned to `alignment`.
@@ -43,32 +48,52 @@ impl<S: Storage> Pool<S> {
         label: Option<&str>,
         params: S::Params,
     ) -> Result<DevicePtr> {
+        let (mut plan, source, reservation) = self.start(nbytes, alignment, params)?;
+        let made = match source {
+            Source::Cached(cached) => {
+                return Ok(self.record(plan, cached, false, reservation.map(|r| r.span), label))
+            }
+            Source::Fresh(id) => (id, self.alloc_block(&mut plan, id)),
+        };
+        self.finish(plan, made, reservation, label)
+    }
+
+    /// Steps 1 and 2: the block a request needs, and a cached one or room for it.
+    pub(super) fn start(&self, nbytes: usize, alignment: usize, params: S::Params) -> Result<Started<S>> {
         self.storage.check_usable()?;
         let config = lock(&self.config).clone();
         let mut plan = self.prepare(nbytes, alignment, params, &config)?;
         let (source, reservation) = self.claim(&mut plan, &config)?;
+        Ok((plan, source, reservation))
+    }
+
+    /// After step 3: records a fresh block, or undoes the claim if the device refused it.
+    pub(super) fn finish(
+        &self,
+        plan: Prepared<S::Params>,
+        (id, made): (u64, Result<S::Block>),
+        reservation: Option<Reservation>,
+        label: Option<&str>,
+    ) -> Result<DevicePtr> {
         let span = reservation.as_ref().map(|r| r.span);
-        let (cached, fresh) = match source {
-            Source::Cached(cached) => (cached, false),
-            Source::Fresh(id) => match self.alloc_block(&mut plan, id) {
-                // A storage with real addresses must give one: a null would be handed out.
-                Ok(block) if span.is_none() && self.storage.address(&block).is_none_or(|a| a == 0) => {
-                    lock(&self.state).pending -= plan.key.capacity;
-                    drop(block);
-                    return Err(Error::backend(self.device, "the storage gave a block without an address"));
-                }
-                Ok(block) => (Cached { id, block, proven: plan.proven }, true),
-                Err(e) => {
-                    let mut state = lock(&self.state);
-                    state.pending -= plan.key.capacity;
-                    if let (Some(w), Some(reservation)) = (state.window.as_ref(), reservation) {
-                        lock(w).unreserve(reservation);
-                    }
-                    return Err(e);
-                }
-            },
+        let failed = match made {
+            // A storage with real addresses must give one: a null would be handed out.
+            Ok(block) if span.is_none() && self.storage.address(&block).is_none_or(|a| a == 0) => {
+                drop(block);
+                Error::backend(self.device, "the storage gave a block without an address")
+            }
+            Ok(block) => {
+                let proven = plan.proven;
+                return Ok(self.record(plan, Cached { id, block, proven }, true, span, label));
+            }
+            Err(e) => e,
         };
-        Ok(self.record(plan, cached, fresh, span, label))
+        let mut state = lock(&self.state);
+        state.pending -= plan.key.capacity;
+        if let (Some(w), Some(reservation)) = (state.window.as_ref(), reservation) {
+            lock(w).unreserve(reservation);
+        }
+        Err(failed)
     }
 
     /// Step 1: checks the request and works out the block it needs. Changes nothing.
@@ -121,6 +146,7 @@ impl<S: Storage> Pool<S> {
         config: &PoolOptions,
     ) -> Result<(Source<S::Block>, Option<Reservation>)> {
         let mut state = lock(&self.state);
+        self.sweep_refused(&mut state);
         // Best fit: from the exact size up to an eighth past the capacity.
         let lo = Key { capacity: plan.exact, ..plan.key.clone() };
         let fit = reuse_bound(plan.key.capacity);
@@ -253,36 +279,14 @@ impl<S: Storage> Pool<S> {
 
     /// Step 3 (fresh blocks only), without the lock: asks the device for block `id`, and on
     /// out of memory empties the cache and asks once more, for the exact size.
-    fn alloc_block(&self, plan: &mut Prepared<S::Params>, id: u64) -> Result<S::Block> {
-        let (alignment, params) = (plan.key.alignment, &plan.key.params);
-        let name = |capacity: u64| format!("devalloc block {id} ({capacity} bytes)");
+    pub(super) fn alloc_block(&self, plan: &mut Prepared<S::Params>, id: u64) -> Result<S::Block> {
+        let (alignment, params) = (plan.key.alignment, plan.key.params.clone());
         let capacity = plan.key.capacity;
-        match self.storage.alloc(capacity, alignment, params, &name(capacity)) {
+        match self.storage.alloc(capacity, alignment, &params, &block_name(id, capacity)) {
             Err(Error::OutOfMemory { .. }) => {
-                // Noted as an eviction (a user's `empty_cache` is its own event), if any.
-                let (freed, blocks) = {
-                    let mut state = lock(&self.state);
-                    let bytes = state.cache.bytes();
-                    let blocks = Self::take_cache(&mut state);
-                    if bytes > 0 {
-                        self.note(|| EventKind::Evict { bytes });
-                    }
-                    // The retry asks for the exact size: what is pending shrinks with it.
-                    state.pending -= capacity - plan.exact;
-                    (bytes, blocks)
-                };
-                drop(blocks);
-                log::debug!(
-                    "devalloc: {} out of memory; emptied {freed} cached bytes and retrying",
-                    self.device
-                );
-                plan.key.capacity = plan.exact;
-                self.storage.alloc(plan.exact, alignment, params, &name(plan.exact)).map_err(|e| match e {
-                    Error::OutOfMemory { detail, .. } => {
-                        self.out_of_memory(&lock(&self.state), plan.size, detail)
-                    }
-                    e => e,
-                })
+                self.retry_exact(plan);
+                let made = self.storage.alloc(plan.exact, alignment, &params, &block_name(id, plan.exact));
+                self.second_try(plan, made)
             }
             other => other,
         }
@@ -290,7 +294,7 @@ impl<S: Storage> Pool<S> {
 
     /// Step 4: records the allocation, moves the stats and notes the event (under the lock,
     /// so that no free of this address can be noted before it). Cannot fail.
-    fn record(
+    pub(super) fn record(
         &self,
         plan: Prepared<S::Params>,
         cached: Cached<S::Block>,

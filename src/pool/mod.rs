@@ -54,7 +54,9 @@ mod budget;
 mod cache;
 mod history;
 mod plans;
+mod refused;
 mod report;
+mod retry;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicBool;
@@ -167,6 +169,10 @@ struct State<S: Storage> {
     blocks_made: u64,
     /// How much the cache may hold (see `budget.rs`).
     budget: Budget<S::Params>,
+    /// Allocations the device refused after they were returned, by address (`refused.rs`).
+    refused: BTreeMap<u64, refused::Refusal>,
+    /// The storage's count of refusals when the pool last looked.
+    refusals_seen: u64,
 }
 
 /// What an allocation will be, worked out before anything changes.
@@ -248,6 +254,8 @@ impl<S: Storage> Pool<S> {
                 plans: PlanTable::new(),
                 blocks_made: 0,
                 budget: Budget::new(),
+                refused: BTreeMap::new(),
+                refusals_seen: 0,
             }),
             history: Mutex::new(None),
             recording: AtomicBool::new(false),
@@ -278,7 +286,11 @@ impl<S: Storage> Pool<S> {
     pub fn deallocate(&self, ptr: DevicePtr) -> Result<()> {
         let config = lock(&self.config).clone();
         let mut state = lock(&self.state);
+        self.sweep_refused(&mut state);
         let Some(live) = state.live.remove(&ptr.addr()) else {
+            if let Some(e) = self.forget_refused(&mut state, ptr) {
+                return Err(e);
+            }
             let problem = match self.pointer_problem(&state, ptr) {
                 PointerProblem::Unknown if Self::find(&state, ptr.addr()).is_some() => {
                     PointerProblem::NotAllocationStart
@@ -319,45 +331,6 @@ impl<S: Storage> Pool<S> {
         Ok(())
     }
 
-    fn find(state: &State<S>, addr: u64) -> Option<(u64, &Live<S>)> {
-        state.live.range(..=addr).next_back().filter(|(&b, l)| addr <= b + l.size).map(|(&b, l)| (b, l))
-    }
-
-    fn pointer_problem(&self, state: &State<S>, ptr: DevicePtr) -> PointerProblem {
-        if ptr.is_null() {
-            PointerProblem::Null
-        } else if state.window.as_ref().is_some_and(|w| lock(w).was_freed(ptr.addr())) {
-            PointerProblem::Freed
-        } else {
-            PointerProblem::Unknown
-        }
-    }
-
-    /// Whether `ptr` lies in (or at the end of) a live allocation of this pool.
-    pub fn contains(&self, ptr: DevicePtr) -> bool {
-        Self::find(&lock(&self.state), ptr.addr()).is_some()
-    }
-
-    /// The block behind `ptr`, checked so that `len` bytes from `ptr` stay in its allocation.
-    pub fn block_at(&self, ptr: DevicePtr, len: u64) -> Result<BlockRef<S::Block>> {
-        let state = lock(&self.state);
-        let Some((base, live)) = Self::find(&state, ptr.addr()) else {
-            let problem = self.pointer_problem(&state, ptr);
-            return Err(Error::InvalidPointer { ptr, device: self.device, problem });
-        };
-        let offset = ptr.addr() - base;
-        if offset.checked_add(len).is_none_or(|end| end > live.size) {
-            return Err(Error::OutOfBounds {
-                device: self.device,
-                what: "an allocation".into(),
-                offset,
-                len,
-                size: live.size,
-            });
-        }
-        Ok(BlockRef { block: Arc::clone(&live.block), offset, available: live.size - offset })
-    }
-
     fn take_cache(state: &mut State<S>) -> Vec<S::Block> {
         state.stats.reserved_bytes -= state.cache.bytes();
         state.stats.cached_bytes = 0;
@@ -377,7 +350,10 @@ impl<S: Storage> Pool<S> {
 
     /// The pool's statistics.
     pub fn stats(&self) -> AllocatorStats {
-        let mut stats = lock(&self.state).stats;
+        let mut state = lock(&self.state);
+        self.sweep_refused(&mut state);
+        let mut stats = state.stats;
+        drop(state);
         stats.staging_bytes = self.storage.staging_bytes();
         stats
     }

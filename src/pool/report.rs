@@ -29,7 +29,9 @@ impl<S: Storage> Pool<S> {
 
     /// Every live allocation, in address order.
     pub fn live_allocations(&self) -> Vec<LiveAllocation> {
-        Self::live_in(&lock(&self.state))
+        let mut state = lock(&self.state);
+        self.sweep_refused(&mut state);
+        Self::live_in(&state)
     }
 
     fn live_in(state: &State<S>) -> Vec<LiveAllocation> {
@@ -51,7 +53,8 @@ impl<S: Storage> Pool<S> {
     pub fn report(&self) -> String {
         // Stats and allocations read under one lock, so that they agree.
         let (mut s, live) = {
-            let state = lock(&self.state);
+            let mut state = lock(&self.state);
+            self.sweep_refused(&mut state);
             (state.stats, Self::live_in(&state))
         };
         s.staging_bytes = self.storage.staging_bytes();
@@ -85,7 +88,8 @@ impl<S: Storage> Pool<S> {
         // Everything but the device's own numbers under one lock (history after state, the
         // order every path takes them in), so that stats, allocations and events agree.
         let (mut stats, live, cached, planned, history) = {
-            let state = lock(&self.state);
+            let mut state = lock(&self.state);
+            self.sweep_refused(&mut state);
             let live = Self::live_in(&state);
             let cached = state
                 .cache

@@ -213,17 +213,34 @@ impl WgpuAllocator {
     /// returns: the stats then count one allocation and one free.
     pub fn allocate_request(&self, request: &BufferRequest<'_>, index: DeviceIndex) -> Result<DevicePtr> {
         let pool = self.0.pool(index)?;
-        let mapping = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::MAP_WRITE;
-        if request.usage.intersects(mapping) {
-            return Err(Error::invalid_argument(
-                "MAP_READ / MAP_WRITE usage is devalloc's to set (the direct route maps buffers itself)",
-            ));
-        }
-        let params = WgpuParams::with_usage(request.usage);
+        let params = request_params(request)?;
         let ptr = pool.allocate_params(request.size, request.alignment, request.label, params)?;
+        self.zeroed_if_asked(request, ptr, index)
+    }
+
+    /// Async twin of [`WgpuAllocator::allocate_request`], waiting (in the browser) for the
+    /// device's verdict: see [`crate::DeviceAllocator::allocate_async`].
+    pub async fn allocate_request_async(
+        &self,
+        request: &BufferRequest<'_>,
+        index: DeviceIndex,
+    ) -> Result<DevicePtr> {
+        let pool = self.0.pool(index)?;
+        let params = request_params(request)?;
+        let ptr = pool.allocate_params_async(request.size, request.alignment, request.label, params).await?;
+        self.zeroed_if_asked(request, ptr, index)
+    }
+
+    /// `ptr`, cleared if `request` asks for zeros; freed again if clearing fails.
+    fn zeroed_if_asked(
+        &self,
+        request: &BufferRequest<'_>,
+        ptr: DevicePtr,
+        index: DeviceIndex,
+    ) -> Result<DevicePtr> {
         if request.zeroed {
             if let Err(e) = self.zero(index, ptr) {
-                let _ = pool.deallocate(ptr);
+                let _ = self.0.pool(index)?.deallocate(ptr);
                 return Err(e);
             }
         }
@@ -304,4 +321,15 @@ impl WgpuAllocator {
     pub fn max_allocation(&self, index: DeviceIndex) -> Result<u64> {
         Ok(self.0.pool(index)?.storage().max_block_size())
     }
+}
+
+/// The pool params of `request`: its usage, which may not include mapping (devalloc's).
+fn request_params(request: &BufferRequest<'_>) -> Result<WgpuParams> {
+    let mapping = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::MAP_WRITE;
+    if request.usage.intersects(mapping) {
+        return Err(Error::invalid_argument(
+            "MAP_READ / MAP_WRITE usage is devalloc's to set (the direct route maps buffers itself)",
+        ));
+    }
+    Ok(WgpuParams::with_usage(request.usage))
 }

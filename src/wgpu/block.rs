@@ -9,6 +9,7 @@
 //! instead of hanging; in the browser, where nothing may block, whenever the lock is held.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::gpu::Gpu;
@@ -28,6 +29,8 @@ pub struct WgpuBlock {
     /// A copy on this exposed buffer failed while the device was fine: the app has destroyed
     /// or mapped it. Freed, it is dropped rather than cached for the next allocation.
     pub(crate) spoiled: AtomicBool,
+    /// The browser refused to make the buffer (out of memory), after the allocation returned.
+    pub(crate) refused: Arc<AtomicBool>,
 }
 
 /// The block's lock, held; forgets its holder when dropped.
@@ -59,12 +62,18 @@ fn thread_tag() -> u64 {
 impl WgpuBlock {
     /// A block around `buffer`.
     pub(crate) fn new(buffer: wgpu::Buffer) -> Self {
+        Self::with_flag(buffer, Arc::new(AtomicBool::new(false)))
+    }
+
+    /// A block around `buffer`, refused when `refused` is set (see [`Gpu::create_marked`]).
+    pub(crate) fn with_flag(buffer: wgpu::Buffer, refused: Arc<AtomicBool>) -> Self {
         WgpuBlock {
             buffer,
             lock: async_lock::Mutex::new(()),
             holder: AtomicU64::new(0),
             exposed: AtomicBool::new(false),
             spoiled: AtomicBool::new(false),
+            refused,
         }
     }
 

@@ -4,7 +4,8 @@
 //! route, and sends each copy the route's way: staged through the belt, or by mapping the
 //! block itself (`direct.rs`); copies between blocks are in `copy.rs`.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
 use super::belt::Belt;
 pub use super::block::WgpuBlock;
@@ -55,6 +56,8 @@ pub struct WgpuStorage {
     /// Usage of a buffer allocated without one of its own, copy (and map) flags included.
     default_usage: wgpu::BufferUsages,
     max_buffer: u64,
+    /// Buffers the browser refused after `alloc` returned them (out of memory), so far.
+    refusals: Arc<AtomicU64>,
 }
 
 impl WgpuStorage {
@@ -72,7 +75,8 @@ impl WgpuStorage {
         let gpu = Gpu::new(device, queue, id, options.on_device_lost.clone())?;
         let belt = Belt::new(&Tuning::of(options, &gpu.info, max_buffer), options.staging_budget, max_buffer);
         let default_usage = Self::full_usage(route, options.usage);
-        Ok(WgpuStorage { gpu, belt, route, limits, default_usage, max_buffer })
+        let refusals = Arc::new(AtomicU64::new(0));
+        Ok(WgpuStorage { gpu, belt, route, limits, default_usage, max_buffer, refusals })
     }
 
     /// `usage` plus what devalloc needs: copies both ways, and mapping on the direct route.
@@ -227,8 +231,39 @@ impl Storage for WgpuStorage {
             u if u.is_empty() => self.default_usage,
             u => Self::full_usage(self.route, u),
         };
-        let buffer = self.gpu.create(name, capacity, usage, false)?;
-        Ok(WgpuBlock::new(buffer))
+        let refused = Arc::new(AtomicBool::new(false));
+        let (flag, count) = (Arc::clone(&refused), Arc::clone(&self.refusals));
+        let mark = move || {
+            flag.store(true, Ordering::Release);
+            count.fetch_add(1, Ordering::AcqRel);
+        };
+        let buffer = self.gpu.create_marked(name, capacity, usage, Box::new(mark))?;
+        Ok(WgpuBlock::with_flag(buffer, refused))
+    }
+
+    fn alloc_async<'a>(
+        &'a self,
+        capacity: u64,
+        _alignment: u64,
+        params: &'a WgpuParams,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<WgpuBlock>> {
+        Box::pin(async move {
+            let usage = match wgpu::BufferUsages::from_bits_truncate(params.usage) {
+                u if u.is_empty() => self.default_usage,
+                u => Self::full_usage(self.route, u),
+            };
+            let buffer = self.gpu.create_async(name, capacity, usage).await?;
+            Ok(WgpuBlock::new(buffer))
+        })
+    }
+
+    fn refused(&self, block: &WgpuBlock) -> bool {
+        block.refused.load(Ordering::Acquire)
+    }
+
+    fn refusals(&self) -> u64 {
+        self.refusals.load(Ordering::Acquire)
     }
 
     /// Destroys the buffer (with `reuse_freed` off): a bind group the app kept past the free

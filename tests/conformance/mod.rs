@@ -14,6 +14,8 @@ pub mod bind_helper;
 pub mod bindings;
 #[cfg(target_arch = "wasm32")]
 pub mod browser_loss;
+#[cfg(target_arch = "wasm32")]
+pub mod browser_oom;
 pub mod checks;
 #[cfg(not(target_arch = "wasm32"))]
 #[path = "../../examples/support/logging.rs"]

@@ -135,6 +135,25 @@ fn when_the_device_runs_out_the_cache_goes_back_and_the_exact_size_is_tried() {
     a.deallocate(q, 0).unwrap();
 }
 
+/// `allocate_async` takes the same path: the cache given back and the exact size tried once;
+/// refused even then, it is `OutOfMemory` and leaves the stats as they were (the cache aside).
+#[test]
+fn allocate_async_retries_as_allocate_does() {
+    let a = counting(None);
+    let p = a.allocate(3000, 0, 256).unwrap();
+    a.deallocate(p, 0).unwrap();
+    a.pool(0).unwrap().storage().oom_above.store(5000, Ordering::SeqCst);
+    let q = pollster::block_on(a.allocate_async(4700, 0, 256)).unwrap();
+    assert_eq!(asked(&a), vec![3072, 5120, 4700]);
+    let s = a.stats(0).unwrap();
+    assert_eq!((s.cached_bytes, s.reserved_bytes, s.allocated_bytes), (0, 4700, 4700), "{s:?}");
+    let r = pollster::block_on(a.allocate_async(6000, 0, 256));
+    assert!(matches!(r, Err(Error::OutOfMemory { .. })), "{r:?}");
+    assert_eq!(a.stats(0).unwrap(), s, "a refused allocation changes nothing");
+    assert!(matches!(pollster::block_on(a.allocate_async(0, 0, 256)), Err(Error::InvalidArgument { .. })));
+    a.deallocate(q, 0).unwrap();
+}
+
 #[test]
 fn a_workload_that_repeats_with_new_labels_makes_no_device_allocation_after_its_first_step() {
     let a = counting(None);

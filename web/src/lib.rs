@@ -273,6 +273,26 @@ impl Devalloc {
         self.alloc.allocate(n, 0, align).map(devalloc::DevicePtr::addr).map_err(js)
     }
 
+    /// Allocates `nbytes` (alignment: 256 when omitted) once the browser has said it could make
+    /// the buffer: resolves to the address as a BigInt, or rejects with an error that says out
+    /// of memory and how much devalloc held (after giving its cache back and trying once more).
+    /// `allocate` returns at once, and a buffer the browser then refuses is refused at its
+    /// next use.
+    #[wasm_bindgen(js_name = allocateAsync)]
+    pub fn allocate_async(&self, nbytes: JsValue, alignment: JsValue) -> Result<Promise, JsValue> {
+        let n = count(&nbytes, "nbytes", "bytes")?;
+        let align = if alignment.is_undefined() {
+            DEFAULT_ALIGNMENT
+        } else {
+            count(&alignment, "alignment", "bytes")?
+        };
+        let a = self.alloc;
+        Ok(future_to_promise(async move {
+            let ptr = a.allocate_async(n, 0, align).await.map_err(js)?;
+            Ok(JsValue::from(ptr.addr()))
+        }))
+    }
+
     /// Frees an allocation.
     pub fn deallocate(&self, ptr: JsValue) -> Result<(), JsValue> {
         self.alloc.deallocate(address(&ptr, "ptr")?, 0).map_err(js)

@@ -66,6 +66,16 @@ pub(crate) trait Platform {
         what: &str,
     ) -> Option<wgpu::Error>;
 
+    /// [`Platform::settle`] for making a buffer: in the browser, an out-of-memory verdict that
+    /// arrives later runs `refused` and is logged as a warning (the allocation it made is then
+    /// refused at its next use), anything else as an error.
+    fn settle_buffer(
+        verdict: impl Future<Output = Option<wgpu::Error>> + 'static,
+        id: Device,
+        what: &str,
+        refused: Box<dyn FnOnce() + 'static>,
+    ) -> Option<wgpu::Error>;
+
     /// Every adapter of `backend`.
     fn adapters(
         instance: &wgpu::Instance,

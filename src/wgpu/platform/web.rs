@@ -96,6 +96,28 @@ impl Platform for Web {
         None
     }
 
+    fn settle_buffer(
+        verdict: impl Future<Output = Option<wgpu::Error>> + 'static,
+        id: Device,
+        what: &str,
+        refused: Box<dyn FnOnce() + 'static>,
+    ) -> Option<wgpu::Error> {
+        let what = what.to_string();
+        wasm_bindgen_futures::spawn_local(async move {
+            match verdict.await {
+                Some(wgpu::Error::OutOfMemory { .. }) => {
+                    refused();
+                    log::warn!(
+                        "devalloc: {id}: the browser ran out of memory for {what}, after the allocation was returned: it is refused from its next use (allocate_async waits for this verdict)"
+                    );
+                }
+                Some(e) => log::error!("devalloc: {id}: {what}: {e}"),
+                None => {}
+            }
+        });
+        None
+    }
+
     /// The browser's adapter (one, through `request_adapter`); WebGL2 offers one only for a
     /// surface, so the GL backend gets a 1x1 offscreen canvas.
     async fn adapters(instance: &wgpu::Instance, backend: wgpu::Backend) -> Vec<wgpu::Adapter> {

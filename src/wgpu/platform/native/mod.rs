@@ -77,6 +77,15 @@ impl Platform for Native {
         crate::bounce::run_blocking(verdict)
     }
 
+    fn settle_buffer(
+        verdict: impl Future<Output = Option<wgpu::Error>> + 'static,
+        id: Device,
+        what: &str,
+        _refused: Box<dyn FnOnce() + 'static>,
+    ) -> Option<wgpu::Error> {
+        Self::settle(verdict, id, what)
+    }
+
     async fn adapters(instance: &wgpu::Instance, backend: wgpu::Backend) -> Vec<wgpu::Adapter> {
         instance.enumerate_adapters(backend.into()).await
     }
