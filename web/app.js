@@ -7,6 +7,7 @@ import init, { Devalloc, replay_snapshot } from "./pkg/devalloc_web.js";
 import * as viewer from "./viewer.js";
 import { isPlanCsv, renderPlan, renderPlanCsv, showNoPlan } from "./plan.js";
 import { human, exact, byteTicks, countTicks, decades, decade, trim } from "./format.js";
+import { ask, askCard } from "./ask.js";
 
 const $ = (id) => document.getElementById(id);
 const results = { ok: false, backend: null, roundTrip: false, bench: [], latency: null, memory: [] };
@@ -348,9 +349,13 @@ async function main() {
     await throughput(dv);
     await memory(dv);
     await ownHistory(dv, !results.viewer);
+    askCard(dv);
+    window.devallocAsk = (how, n) => ask(dv, how, n); // for the e2e run's injected failures
+    results.ask = await ask(dv, "async", 1 << 20);
     if (results.viewerError) $("viewer-summary").textContent = `${results.viewerError}; showing this page's allocator instead. ${$("viewer-summary").textContent}`;
     keep = dv.allocate(256); // kept, to show what a read or write says once the GPU is lost
     results.ok = results.roundTrip && results.hostile.every((h) => h.ok) && results.hostileStatsKept
+      && results.ask.ok
       && results.viewer && results.viewer.shown && results.viewer.shown.events > 0
       && (!results.network || results.network.maxError < 1e-3)
       && results.bench.every((r) => r.verified && ours(r.up).gbps > 0 && ours(r.down).gbps > 0);

@@ -12,6 +12,7 @@ import { createServer } from "node:net";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { chromium } from "playwright-core";
+import { ALLOWED_OOM, outOfMemory } from "./oom.mjs";
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..");
 const args = process.argv.slice(2);
@@ -253,6 +254,14 @@ try {
     const rows = readFileSync(planFile, "utf8").split("\n").filter((l) => l.trim()).length - 1;
     check(`the plan ${planFile} was drawn through ?plan= within 2 s of loading the page (${results.planShownMs && results.planShownMs.toFixed(0)} ms): ${ownPlan.drawn} of its ${rows} tensors, no two overlapping, ${ownPlan.ratio}x the lower bound`,
       results.planShownMs > 0 && results.planShownMs < 2000 && ownPlan.drawn === rows && ownPlan.overlaps === 0 && ownPlan.ratio >= 1 && ownPlan.source.endsWith(planFile.split("/").pop()));
+  }
+
+  // The browser runs out of memory (injected), and the page goes on.
+  if (title === "devalloc: done" && !noWebgpu) {
+    consoleLines = [];
+    await outOfMemory(page, ROOT, check, note);
+    const oomLines = judge(consoleLines, [...ALLOWED_WHILE_RUNNING, ...ALLOWED_OOM], "out of memory");
+    check(`nothing but devalloc's own warning in the console while out of memory (${oomLines.length} other lines)`, oomLines.length === 0);
   }
 
   // The browser takes the GPU away.

@@ -71,7 +71,7 @@ impl<S: Storage> Pool<S> {
     fn refused_detail(&self, base: u64, r: &Refusal) -> String {
         let name = r.label.as_deref().map_or(String::new(), |l| format!("'{l}', "));
         format!(
-            "the browser could not make the buffer of allocation {name}{} bytes at {}, after allocate returned it; it holds nothing and is no longer counted (allocate_async reports this at the allocation)",
+            "the browser could not make the buffer of the allocation {name}of {} bytes at {}, after allocate had returned it; it holds nothing and is no longer counted (allocate_async reports this when it allocates)",
             r.size,
             DevicePtr::new(base)
         )

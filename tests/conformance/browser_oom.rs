@@ -14,35 +14,8 @@ use devalloc::{DeviceAllocator, Error, DEFAULT_ALIGNMENT};
 
 use super::browser_loss::next_task;
 
-/// The injector, installed once per page (idempotent): `globalThis.__devallocFault`.
-const INJECTOR: &str = r#"
-(() => {
-  if (globalThis.__devallocFault) return;
-  const proto = GPUDevice.prototype;
-  const create = proto.createBuffer, push = proto.pushErrorScope, pop = proto.popErrorScope;
-  const st = { failNext: 0, injected: 0, uncaptured: 0, scopes: new WeakMap() };
-  globalThis.__devallocFault = st;
-  const stack = (d) => { let s = st.scopes.get(d); if (!s) { s = []; st.scopes.set(d, s); } return s; };
-  proto.pushErrorScope = function (filter) { stack(this).push({ filter, oom: false }); return push.call(this, filter); };
-  proto.popErrorScope = function () {
-    const scope = stack(this).pop();
-    const p = pop.call(this);
-    return scope && scope.oom ? p.then(() => new GPUOutOfMemoryError("injected: out of memory")) : p;
-  };
-  proto.createBuffer = function (desc) {
-    if (st.failNext <= 0) return create.call(this, desc);
-    st.failNext--;
-    st.injected++;
-    const scope = [...stack(this)].reverse().find((s) => s.filter === "out-of-memory");
-    if (scope) scope.oom = true; else st.uncaptured++;
-    // An invalid buffer, as WebGPU returns for one it could not make (its own error swallowed).
-    push.call(this, "validation");
-    const buffer = create.call(this, { ...desc, usage: 0 });
-    pop.call(this);
-    return buffer;
-  };
-})()
-"#;
+/// The injector (`oom_injector.js`, shared with the page's e2e run), installed once per page.
+const INJECTOR: &str = include_str!("oom_injector.js");
 
 fn eval(code: &str) -> wasm_bindgen::JsValue {
     js_sys::eval(code).unwrap_or_else(|e| panic!("{code}: {e:?}"))
