@@ -18,6 +18,7 @@ mod conformance;
 mod contract;
 #[cfg(feature = "cuda")]
 mod cuda;
+mod fuzz_found;
 mod host;
 mod inputs;
 mod plan;
