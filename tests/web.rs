@@ -91,6 +91,15 @@ async fn out_of_memory_is_reported_on_both_paths() {
     conformance::browser_oom::out_of_memory_in_the_browser(&a).await;
 }
 
+/// A hostile review's cases of out of memory (see `conformance::browser_oom`).
+#[wasm_bindgen_test]
+async fn refusals_reach_the_cache_reads_and_names() {
+    let a = WgpuAllocator::with_options_async(wgpu::Backend::BrowserWebGpu, WgpuOptions::default())
+        .await
+        .unwrap();
+    conformance::browser_oom::refusals_reach_the_cache_reads_and_names(&a).await;
+}
+
 #[wasm_bindgen_test]
 async fn bindings_in_one_call() {
     conformance::bind_helper::bindings_in_one_call(open().await, 0).await;

@@ -60,7 +60,7 @@ impl<S: Storage> Pool<S> {
             return Ok(());
         }
         let r = self.block_at(dst, len64(src.len()))?;
-        self.storage.write(&r.block, r.offset, src)?;
+        self.unless_refused(&r.block, dst, self.storage.write(&r.block, r.offset, src))?;
         self.note_copy(CopyKind::HostToDevice, len64(src.len()));
         Ok(())
     }
@@ -71,7 +71,8 @@ impl<S: Storage> Pool<S> {
             return Ok(());
         }
         let r = self.block_at(dst, len64(src.len()))?;
-        self.storage.write_async(&r.block, r.offset, src).await?;
+        let done = self.storage.write_async(&r.block, r.offset, src).await;
+        self.unless_refused(&r.block, dst, done)?;
         self.note_copy(CopyKind::HostToDevice, len64(src.len()));
         Ok(())
     }
@@ -82,7 +83,7 @@ impl<S: Storage> Pool<S> {
             return Ok(());
         }
         let r = self.block_at(src, len64(dst.len()))?;
-        self.storage.read(&r.block, r.offset, dst)?;
+        self.unless_refused(&r.block, src, self.storage.read(&r.block, r.offset, dst))?;
         self.note_copy(CopyKind::DeviceToHost, len64(dst.len()));
         Ok(())
     }
@@ -93,7 +94,8 @@ impl<S: Storage> Pool<S> {
             return Ok(());
         }
         let r = self.block_at(src, len64(dst.len()))?;
-        self.storage.read_async(&r.block, r.offset, dst).await?;
+        let done = self.storage.read_async(&r.block, r.offset, dst).await;
+        self.unless_refused(&r.block, src, done)?;
         self.note_copy(CopyKind::DeviceToHost, len64(dst.len()));
         Ok(())
     }
@@ -105,7 +107,8 @@ impl<S: Storage> Pool<S> {
         }
         let s = self.block_at(src, len64(nbytes))?;
         let d = self.block_at(dst, len64(nbytes))?;
-        self.storage.copy(&s.block, s.offset, &d.block, d.offset, len64(nbytes))?;
+        let done = self.storage.copy(&s.block, s.offset, &d.block, d.offset, len64(nbytes));
+        self.unless_refused(&d.block, dst, self.unless_refused(&s.block, src, done))?;
         self.note_copy(CopyKind::DeviceToDevice, len64(nbytes));
         Ok(())
     }
@@ -117,7 +120,8 @@ impl<S: Storage> Pool<S> {
         }
         let s = self.block_at(src, len64(nbytes))?;
         let d = self.block_at(dst, len64(nbytes))?;
-        self.storage.copy_async(&s.block, s.offset, &d.block, d.offset, len64(nbytes)).await?;
+        let done = self.storage.copy_async(&s.block, s.offset, &d.block, d.offset, len64(nbytes)).await;
+        self.unless_refused(&d.block, dst, self.unless_refused(&s.block, src, done))?;
         self.note_copy(CopyKind::DeviceToDevice, len64(nbytes));
         Ok(())
     }

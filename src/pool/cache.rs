@@ -212,6 +212,36 @@ impl<B, P: Ord + Clone> BlockCache<B, P> {
         (freed, out)
     }
 
+    /// Takes out every block `drop_it` picks (blocks the device refused); returns the bytes
+    /// and the blocks, for the caller to drop (outside its lock).
+    pub fn take_where(&mut self, mut drop_it: impl FnMut(&B) -> bool) -> (u64, Vec<B>) {
+        let (mut bytes, mut out) = (0, Vec::new());
+        let mut emptied = 0;
+        let mut forgotten = Vec::new();
+        for (key, list) in self.blocks.iter_mut() {
+            if !list.iter().any(|(_, c)| drop_it(&c.block)) {
+                continue;
+            }
+            let was = list.len();
+            for (seq, c) in std::mem::take(list) {
+                if drop_it(&c.block) {
+                    bytes += key.capacity;
+                    forgotten.push((key.capacity, c.proven));
+                    out.push(c.block);
+                } else {
+                    list.push_back((seq, c));
+                }
+            }
+            emptied += usize::from(was > 0 && list.is_empty());
+        }
+        self.empty_lists += emptied;
+        for (capacity, proven) in forgotten {
+            self.forget(capacity, proven);
+        }
+        self.prune();
+        (bytes, out)
+    }
+
     /// Empties the cache; the caller drops the blocks (outside its lock).
     pub fn take_all(&mut self) -> Vec<B> {
         self.bytes = 0;

@@ -38,6 +38,10 @@ impl<S: Storage> Pool<S> {
     /// each checked to lie inside it.
     pub fn label_tensors(&self, ptr: DevicePtr, tensors: &[crate::snapshot::TensorNote]) -> Result<()> {
         let mut state = lock(&self.state);
+        self.sweep_refused(&mut state);
+        if let Some(e) = self.refusal(&state, ptr) {
+            return Err(e);
+        }
         let Some(live) = state.live.get_mut(&ptr.addr()) else {
             let problem = match self.pointer_problem(&state, ptr) {
                 PointerProblem::Unknown if Self::find(&state, ptr.addr()).is_some() => {

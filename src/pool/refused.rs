@@ -8,7 +8,7 @@
 
 use super::address::Span;
 use super::{lock, Pool, State};
-use crate::error::Error;
+use crate::error::{Error, Result};
 use crate::ptr::DevicePtr;
 use crate::snapshot::EventKind;
 use crate::storage::Storage;
@@ -29,6 +29,14 @@ impl<S: Storage> Pool<S> {
             return;
         }
         state.refusals_seen = count;
+        // A block freed before its verdict came is in the cache: given back, never served.
+        let (bytes, blocks) = state.cache.take_where(|b| self.storage.refused(b));
+        if bytes > 0 {
+            state.stats.reserved_bytes -= bytes;
+            state.stats.cached_bytes -= bytes;
+            self.note(|| EventKind::Evict { bytes });
+        }
+        drop(blocks);
         let gone: Vec<u64> =
             state.live.iter().filter(|(_, l)| self.storage.refused(&l.block)).map(|(&a, _)| a).collect();
         for addr in gone {
@@ -44,6 +52,23 @@ impl<S: Storage> Pool<S> {
             self.note(|| EventKind::Free { addr, size, capacity, to_cache: false });
             self.note(|| EventKind::OutOfMemory { requested: size, detail });
         }
+    }
+
+    /// After a copy through `block` (the allocation at or around `ptr`): where the device
+    /// refused the block meanwhile (the verdict came while the copy ran), the refusal, whatever
+    /// the copy said; else `r`.
+    pub(super) fn unless_refused(&self, block: &S::Block, ptr: DevicePtr, r: Result<()>) -> Result<()> {
+        if !self.storage.refused(block) {
+            return r;
+        }
+        let mut state = lock(&self.state);
+        self.sweep_refused(&mut state);
+        Err(self.refusal(&state, ptr).unwrap_or_else(|| Error::OutOfMemory {
+            requested: 0,
+            device: self.device,
+            detail: "the browser could not make this allocation's buffer, after allocate had returned it"
+                .into(),
+        }))
     }
 
     /// The error for a use of `ptr` in an allocation the device refused, if it is in one.

@@ -101,6 +101,8 @@ impl<S: Storage> Pool<S> {
                 .plans
                 .list()
                 .into_iter()
+                // A planned buffer the browser refused holds nothing: not listed, as not counted.
+                .filter(|(_, base, _)| !state.refused.contains_key(&base.addr()))
                 .map(|(memory_id, base, size)| PlannedBuffer { memory_id, addr: base.addr(), size })
                 .collect();
             (state.stats, live, cached, planned, self.history_snapshot())

@@ -31,6 +31,9 @@ pub struct WgpuBlock {
     pub(crate) spoiled: AtomicBool,
     /// The browser refused to make the buffer (out of memory), after the allocation returned.
     pub(crate) refused: Arc<AtomicBool>,
+    /// Held for writing until the browser's verdict on the buffer is in (set before it is
+    /// let go): a copy awaits a read of it first. Free from the start natively.
+    pub(crate) verdict: Arc<async_lock::RwLock<()>>,
 }
 
 /// The block's lock, held; forgets its holder when dropped.
@@ -60,13 +63,41 @@ fn thread_tag() -> u64 {
 }
 
 impl WgpuBlock {
-    /// A block around `buffer`.
-    pub(crate) fn new(buffer: wgpu::Buffer) -> Self {
-        Self::with_flag(buffer, Arc::new(AtomicBool::new(false)))
+    /// An async copy waits for the browser's verdict on the buffer (there at once natively);
+    /// a blocking one (a write the browser allows) cannot, and looks only. `OutOfMemory` where
+    /// the browser refused it, so that no copy runs on a buffer that does not exist (a read
+    /// would hand out what staging held from another allocation).
+    pub(crate) async fn made(
+        &self,
+        device: crate::Device,
+        len: u64,
+        mode: crate::bounce::Mode,
+    ) -> crate::Result<()> {
+        if mode == crate::bounce::Mode::Async {
+            drop(self.verdict.read().await);
+        }
+        if self.refused.load(Ordering::Acquire) {
+            return Err(crate::Error::OutOfMemory {
+                requested: len,
+                device,
+                detail: "the browser could not make this allocation's buffer".into(),
+            });
+        }
+        Ok(())
     }
 
-    /// A block around `buffer`, refused when `refused` is set (see [`Gpu::create_marked`]).
-    pub(crate) fn with_flag(buffer: wgpu::Buffer, refused: Arc<AtomicBool>) -> Self {
+    /// A block around `buffer`.
+    pub(crate) fn new(buffer: wgpu::Buffer) -> Self {
+        Self::with_flag(buffer, Arc::new(AtomicBool::new(false)), Arc::default())
+    }
+
+    /// A block around `buffer`, refused when `refused` is set, its verdict in once `verdict`
+    /// can be read (see [`Gpu::create_marked`]).
+    pub(crate) fn with_flag(
+        buffer: wgpu::Buffer,
+        refused: Arc<AtomicBool>,
+        verdict: Arc<async_lock::RwLock<()>>,
+    ) -> Self {
         WgpuBlock {
             buffer,
             lock: async_lock::Mutex::new(()),
@@ -74,6 +105,7 @@ impl WgpuBlock {
             exposed: AtomicBool::new(false),
             spoiled: AtomicBool::new(false),
             refused,
+            verdict,
         }
     }
 

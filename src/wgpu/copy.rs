@@ -20,6 +20,8 @@ impl WgpuStorage {
         len: u64,
         mode: Mode,
     ) -> Result<()> {
+        src.made(self.gpu.id, len, mode).await?;
+        dst.made(self.gpu.id, len, mode).await?;
         if aligned(so, len) && aligned(d_o, 0) {
             let r = self.copy_aligned(src, so, dst, d_o, len, mode).await;
             let r = self.spoil_on(src, r);

@@ -174,7 +174,8 @@ impl Gpu {
     }
 
     /// [`Gpu::create`] where an out-of-memory verdict may come only later (the browser): it
-    /// then runs `refused`, and the buffer returned is unusable.
+    /// then runs `refused`, and the buffer returned is unusable. `refused` is dropped, unrun,
+    /// once a verdict that is not out of memory is in (at once natively).
     pub fn create_marked(
         &self,
         label: &str,

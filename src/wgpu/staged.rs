@@ -6,10 +6,11 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 
 use super::belt::{Belt, PIPELINE_DEPTH};
+use super::block::WgpuBlock;
 use super::gpu::{Gpu, Raises};
 use super::storage::{ceil4, floor4, COPY_ALIGN};
 use crate::bounce::{yield_now, Mode};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Bytes of small uploads after which the queue is flushed.
 const FLUSH_PENDING: u64 = 8 << 20;
@@ -140,16 +141,18 @@ impl Belt {
         }
     }
 
-    /// Reads `dst.len()` bytes at `offset` of `src` (any offset and length: the enclosing
-    /// words are copied) through staging, chunked and pipelined.
+    /// Reads `dst.len()` bytes at `offset` of `block` (any offset and length: the enclosing
+    /// words are copied) through staging, chunked and pipelined; `OutOfMemory`, with nothing
+    /// written to `dst`, once the browser has refused the block.
     pub(crate) async fn download(
         &self,
         gpu: &Gpu,
-        src: &wgpu::Buffer,
+        block: &WgpuBlock,
         offset: u64,
         dst: &mut [u8],
         mode: Mode,
     ) -> Result<()> {
+        let src = &block.buffer;
         let end = offset + dst.len() as u64;
         let (a0, a1) = (floor4(offset), ceil4(end));
         let total = a1 - a0;
@@ -173,6 +176,17 @@ impl Belt {
             }
             let Some((staging, cpos, n, mapped, index)) = inflight.pop_front() else { break };
             gpu.wait_mapped(mapped, index, mode).await?;
+            if block.refused.load(Ordering::Acquire) {
+                // The browser could not make the block: the copy into staging did nothing, and
+                // what staging holds is some earlier download's. Nothing reaches `dst`.
+                gpu.unmap(&staging.buffer);
+                self.return_download(staging);
+                return Err(Error::OutOfMemory {
+                    requested: dst.len() as u64,
+                    device: gpu.id,
+                    detail: "the browser could not make the buffer read from".into(),
+                });
+            }
             {
                 let view = staging
                     .buffer

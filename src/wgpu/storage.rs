@@ -104,6 +104,7 @@ impl WgpuStorage {
         src: &[u8],
         mode: Mode,
     ) -> Result<()> {
+        block.made(self.gpu.id, src.len() as u64, mode).await?;
         let r = match self.route {
             Route::Direct => super::direct::write(&self.gpu, self.belt.chunk, block, offset, src, mode).await,
             Route::Staged => {
@@ -125,9 +126,10 @@ impl WgpuStorage {
         // Both routes wait for a map, and that wait polls the device, which fires the lost
         // callback of a lost device (and a copy or map on one fails): so no poll up front; a
         // failure is named a loss where it is one.
+        block.made(self.gpu.id, dst.len() as u64, mode).await?;
         let r = match self.route {
             Route::Direct => super::direct::read(&self.gpu, self.belt.chunk, block, offset, dst, mode).await,
-            Route::Staged => self.belt.download(&self.gpu, &block.buffer, offset, dst, mode).await,
+            Route::Staged => self.belt.download(&self.gpu, block, offset, dst, mode).await,
         };
         let r = self.gpu.or_lost(r);
         self.spoil_on(block, r)
@@ -152,15 +154,15 @@ impl WgpuStorage {
         let mut tail = [0u8; 4];
         if a1 - a0 == 4 {
             // One word holds the whole range.
-            belt.download(gpu, &block.buffer, a0, &mut head, mode).await?;
+            belt.download(gpu, block, a0, &mut head, mode).await?;
             head[head_len..head_len + src.len()].copy_from_slice(src);
             return belt.upload(gpu, &block.buffer, a0, &[&head], mode).await;
         }
         if head_len > 0 {
-            belt.download(gpu, &block.buffer, a0, &mut head, mode).await?;
+            belt.download(gpu, block, a0, &mut head, mode).await?;
         }
         if tail_len > 0 {
-            belt.download(gpu, &block.buffer, a1 - 4, &mut tail, mode).await?;
+            belt.download(gpu, block, a1 - 4, &mut tail, mode).await?;
         }
         belt.upload(gpu, &block.buffer, a0, &[&head[..head_len], src, &tail[4 - tail_len..]], mode).await
     }
@@ -232,13 +234,17 @@ impl Storage for WgpuStorage {
             u => Self::full_usage(self.route, u),
         };
         let refused = Arc::new(AtomicBool::new(false));
+        let verdict = Arc::new(async_lock::RwLock::new(()));
         let (flag, count) = (Arc::clone(&refused), Arc::clone(&self.refusals));
+        // Held until `mark` runs or is dropped: when the browser's verdict is in.
+        let pending = verdict.try_write_arc();
         let mark = move || {
             flag.store(true, Ordering::Release);
             count.fetch_add(1, Ordering::AcqRel);
+            drop(pending);
         };
         let buffer = self.gpu.create_marked(name, capacity, usage, Box::new(mark))?;
-        Ok(WgpuBlock::with_flag(buffer, refused))
+        Ok(WgpuBlock::with_flag(buffer, refused, verdict))
     }
 
     fn alloc_async<'a>(

@@ -9,6 +9,7 @@
 //! - `allocate`, which cannot wait, returns; once the verdict is in, the pool no longer counts
 //!   it and every use of it (copies, `buffer`, `deallocate`) is `OutOfMemory` naming it.
 
+use devalloc::snapshot::TensorNote;
 use devalloc::wgpu::WgpuAllocator;
 use devalloc::{DeviceAllocator, Error, DEFAULT_ALIGNMENT};
 
@@ -99,4 +100,65 @@ pub async fn out_of_memory_in_the_browser(a: &WgpuAllocator) {
     a.copy_device_to_device_async(q, 0, kept, 0, 256).await.unwrap();
     a.deallocate(q, 0).unwrap();
     a.deallocate(kept, 0).unwrap();
+}
+
+/// Lets the browser's verdicts in: tasks until `done` (which may look at devalloc), at most
+/// 200 of them.
+async fn settle(mut done: impl FnMut() -> bool) {
+    for _ in 0..200 {
+        if done() {
+            return;
+        }
+        next_task().await;
+    }
+}
+
+/// A hostile review's cases (see the module docs for the promise): a refused buffer freed
+/// before its verdict is never served from the cache; a read started before the verdict never
+/// returns what staging held from another allocation; `label_tensors` and the snapshot's
+/// planned buffers know a refusal. `a` should be fresh.
+pub async fn refusals_reach_the_cache_reads_and_names(a: &WgpuAllocator) {
+    // Freed before the verdict: into the cache, then out again when the verdict comes.
+    fail_next(1);
+    let p = a.allocate(8192, 0, DEFAULT_ALIGNMENT).unwrap();
+    a.deallocate(p, 0).unwrap();
+    settle(|| a.stats(0).unwrap().cached_bytes == 0).await;
+    let s = a.stats(0).unwrap();
+    assert_eq!((s.reserved_bytes, s.cached_bytes), (0, 0), "the refused block left the cache: {s:?}");
+    let q = a.allocate_async(8192, 0, DEFAULT_ALIGNMENT).await.expect("a new buffer");
+    let data: Vec<u8> = (0..256).map(|i| (i * 7 + 3) as u8).collect();
+    a.copy_host_to_device_async(q, &data, 0).await.unwrap();
+    let mut back = vec![0u8; 256];
+    a.copy_device_to_host_async(&mut back, q, 0).await.unwrap();
+    assert_eq!(back, data, "a block the browser made");
+
+    // A read started before the verdict: staging holds `q`'s bytes from the read above; the
+    // refused allocation's read must not hand them out.
+    fail_next(1);
+    let r = a.allocate(8192, 0, DEFAULT_ALIGNMENT).unwrap();
+    let mut out = vec![0xEEu8; 256];
+    let read = a.copy_device_to_host_async(&mut out, r, 0).await;
+    assert!(is_oom(&read), "{read:?}");
+    assert_eq!(out, vec![0xEEu8; 256], "nothing reached the caller's slice");
+    assert!(is_oom(&a.deallocate(r, 0)));
+
+    // label_tensors, and a refused planned buffer in the snapshot.
+    fail_next(1);
+    let live = a.stats(0).unwrap().live_allocations;
+    let named = a.allocate_labeled(4096, 0, DEFAULT_ALIGNMENT, "doomed").unwrap();
+    settle(|| a.stats(0).unwrap().live_allocations == live).await;
+    let notes = [TensorNote { label: "t".into(), offset: 0, size: 16 }];
+    let r = a.label_tensors(named, 0, &notes);
+    assert!(is_oom(&r), "{r:?}");
+    assert!(is_oom(&a.deallocate(named, 0)));
+    fail_next(1);
+    a.init_buffer(7, 4096, 0).unwrap();
+    settle(|| a.stats(0).unwrap().live_allocations == live).await;
+    let snap = a.snapshot().unwrap();
+    assert!(snap.devices[0].planned.is_empty(), "{:?}", snap.devices[0].planned);
+    assert!(is_oom(&a.release_buffers(0)));
+    a.init_buffer(7, 4096, 0).expect("the id is free again");
+    a.release_buffers(0).unwrap();
+    a.deallocate(q, 0).unwrap();
+    assert_eq!(injected().1, 0, "every injected failure met an out-of-memory scope");
 }

@@ -8,6 +8,9 @@
 //!   `deallocate` behind the plan's back: the free succeeds; the plan still hands out addresses
 //!   in it, which every copy then refuses as freed; its memory id stays taken until
 //!   `release_buffers`, which reports the stale buffer and still releases the rest.
+//! - `contract_host` and `contract_wgpu` (10-minute runs): a small allocation beside one that
+//!   fills a limit just over 64 KiB is `OutOfMemory`. devalloc was right; the model assumed
+//!   every allocation took at most 16 KiB, and now counts what each one holds.
 
 use devalloc::{DeviceAllocator, DevicePtr, Error, HostAllocator, PointerProblem, PoolOptions};
 
@@ -71,4 +74,19 @@ fn a_planned_buffer_freed_behind_the_plans_back_is_refused_on_use_and_reported_a
     assert!(matches!(a.get_offset_address(0, 0, 1, 0), Err(Error::NotFound { .. })));
     a.init_buffer(0, 16, 0).unwrap();
     a.release_buffers(0).unwrap();
+}
+
+#[test]
+fn a_small_allocation_beside_one_that_fills_the_limit_is_out_of_memory() {
+    for (limit, big, small) in [((64 << 10) + 97, 65535, 885), ((64 << 10) + 93, 63241, 4065)] {
+        let options = PoolOptions { memory_limit: Some(limit), ..PoolOptions::default() };
+        let a = HostAllocator::with_options(options).unwrap();
+        let p = a.allocate(big, 0, 1).unwrap();
+        let before = a.stats(0).unwrap();
+        let r = a.allocate(small, 0, 16);
+        assert!(matches!(r, Err(Error::OutOfMemory { .. })), "{r:?}");
+        assert_eq!(a.stats(0).unwrap(), before, "a refused allocation changed the stats");
+        a.deallocate(p, 0).unwrap();
+        a.deallocate(a.allocate(small, 0, 16).unwrap(), 0).unwrap();
+    }
 }

@@ -311,7 +311,7 @@ fn a_dropped_map_buffer_async_racing_a_poll_leaves_the_apps_buffer_unmapped() {
             let _ = d2.poll(wgpu::PollType::Poll);
         }
     });
-    let r = within(60, move || {
+    let r = within(240, move || {
         for i in 0..20_000 {
             {
                 let mut f = std::pin::pin!(a.map_buffer_async(&b, wgpu::MapMode::Read, 0..256, 0));

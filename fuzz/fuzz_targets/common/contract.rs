@@ -146,9 +146,20 @@ impl<'a> Model<'a> {
 
     /// Whether an allocation of `size` aligned to `align` must succeed: small, and far below
     /// the limit whatever the rounding and the cache hold.
+    /// Whether a request must succeed: a small one, with what the model's allocations hold
+    /// (each counted as whole 16 KiB slots, block rounding and alignment included) and a slot
+    /// for it within half the limit. (A live block larger than its request, served from the
+    /// cache for a size the budget gave back, is kept within the budget, itself within half
+    /// the limit there.)
     fn must_fit(&self, size: usize, align: usize) -> bool {
-        let held = (self.live.len() + self.planned.len()) as u64;
-        size <= 4096 && align <= 4096 && (held + 1) * 16384 <= self.limit / 2
+        const SLOT: u64 = 16384;
+        let held: u64 = self
+            .live
+            .iter()
+            .chain(self.planned.iter().map(|(_, b)| b))
+            .map(|b| (b.bytes.len() as u64).div_ceil(SLOT).max(1) * SLOT)
+            .sum();
+        size <= 4096 && align <= 4096 && held + SLOT <= self.limit / 2
     }
 
     fn write_init(&mut self, kind: Kind, i: usize) {
