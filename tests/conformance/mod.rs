@@ -11,6 +11,7 @@
 
 #[cfg(feature = "wgpu")]
 pub mod bind_helper;
+#[cfg(feature = "wgpu")]
 pub mod bindings;
 #[cfg(target_arch = "wasm32")]
 pub mod browser_loss;
