@@ -131,7 +131,7 @@ impl Gpu {
     }
 
     /// The devalloc error for what a scope caught.
-    fn caught(&self, what: &str, requested: u64, caught: wgpu::Error) -> Error {
+    pub(super) fn caught(&self, what: &str, requested: u64, caught: wgpu::Error) -> Error {
         if self.lost.is_lost() {
             return self.lost.error();
         }
@@ -171,61 +171,6 @@ impl Gpu {
                 mapped_at_creation: mapped,
             })
         })
-    }
-
-    /// [`Gpu::create`] where an out-of-memory verdict may come only later (the browser): it
-    /// then runs `refused`, and the buffer returned is unusable. `refused` is dropped, unrun,
-    /// once a verdict that is not out of memory is in (at once natively).
-    pub fn create_marked(
-        &self,
-        label: &str,
-        size: u64,
-        usage: wgpu::BufferUsages,
-        refused: Box<dyn FnOnce() + 'static>,
-    ) -> Result<wgpu::Buffer> {
-        if self.lost.is_lost() {
-            return Err(self.lost.error());
-        }
-        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some(label),
-            size,
-            usage,
-            mapped_at_creation: false,
-        });
-        let (oom, validation) = (oom.pop(), validation.pop());
-        let verdict = async move { oom.await.or(validation.await) };
-        match Current::settle_buffer(verdict, self.id, label, refused) {
-            None => Ok(buffer),
-            Some(e) => Err(self.caught(label, size, e)),
-        }
-    }
-
-    /// [`Gpu::create`], waiting for the verdict of its scopes even in the browser: an
-    /// out-of-memory there is [`Error::OutOfMemory`] here, not a warning later.
-    pub async fn create_async(
-        &self,
-        label: &str,
-        size: u64,
-        usage: wgpu::BufferUsages,
-    ) -> Result<wgpu::Buffer> {
-        if self.lost.is_lost() {
-            return Err(self.lost.error());
-        }
-        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some(label),
-            size,
-            usage,
-            mapped_at_creation: false,
-        });
-        let (oom, validation) = (oom.pop(), validation.pop());
-        match oom.await.or(validation.await) {
-            None => Ok(buffer),
-            Some(e) => Err(self.caught(label, size, e)),
-        }
     }
 
     /// Encodes with `encode` and submits, inside error scopes. The submission's index, or `None`

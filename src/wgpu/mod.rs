@@ -124,6 +124,7 @@ mod options;
 mod platform;
 mod staged;
 pub(crate) mod storage;
+mod verdict;
 
 /// The wgpu crate devalloc speaks (major version 30): use these types with devalloc, and
 /// depend on the same major version in your app (two versions of wgpu do not mix).
