@@ -84,6 +84,10 @@ impl Storage for HostStorage {
         HOST_BLOCK_ALIGNMENT
     }
 
+    fn splits(&self) -> bool {
+        true
+    }
+
     fn alloc(&self, capacity: u64, alignment: u64, _params: &(), _name: &str) -> Result<HostBlock> {
         let size = usize::try_from(capacity).map_err(|_| Error::invalid_argument("size exceeds usize"))?;
         let align = usize::try_from(alignment.max(HOST_BLOCK_ALIGNMENT))

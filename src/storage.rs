@@ -41,6 +41,13 @@ pub trait Storage: WasmNotSendSync {
         crate::pool::default_size_class(size)
     }
 
+    /// Whether one block may hold several allocations (a cached block split for smaller
+    /// requests; see the pool's policy). Not where a block is bound whole and its users are
+    /// tracked per block (wgpu). Default: `false`.
+    fn splits(&self) -> bool {
+        false
+    }
+
     /// Whether blocks have real device addresses ([`Storage::address`]); if not (the default),
     /// the pool hands out virtual ones.
     fn has_real_addresses(&self) -> bool {

@@ -163,6 +163,9 @@ mod tests {
         fn has_real_addresses(&self) -> bool {
             true
         }
+        fn splits(&self) -> bool {
+            true
+        }
         fn alloc(&self, capacity: u64, alignment: u64, _: &(), _: &str) -> Result<Block> {
             let raw = alloc(&mut self.0.lock().unwrap(), capacity, alignment);
             Ok(Block { raw, driver: self.0.clone() })
@@ -230,5 +233,41 @@ mod tests {
             after.push(driver.lock().unwrap().asked.len());
         }
         assert!(after.iter().all(|&n| n == after[0]), "driver allocations after each step: {after:?}");
+    }
+
+    #[test]
+    fn a_cached_cuda_block_is_split_for_smaller_requests_at_aligned_device_addresses() {
+        let driver = std::sync::Arc::new(std::sync::Mutex::new(Driver::new()));
+        let pool =
+            crate::backend::Pool::new(FakeCuda(driver.clone()), crate::PoolOptions::default()).unwrap();
+        let big = pool.allocate(8 * MIB as usize, 256).unwrap();
+        let base = big.addr();
+        pool.deallocate(big).unwrap();
+        // Three smaller requests: pieces of the cached block, at real addresses inside it,
+        // aligned; the driver is not asked again.
+        let a = pool.allocate(3 * MIB as usize, 256).unwrap();
+        let b = pool.allocate(1000, 256).unwrap();
+        let c = pool.allocate(MIB as usize, 256).unwrap();
+        assert_eq!(driver.lock().unwrap().asked.len(), 1);
+        let mut at: Vec<u64> = [a, b, c].iter().map(|p| p.addr()).collect();
+        assert!(at.iter().all(|&x| (base..base + 8 * MIB).contains(&x)), "{at:x?} in {base:#x}");
+        assert!(at.iter().all(|&x| x % 256 == 0), "{at:x?}");
+        at.sort_unstable();
+        assert!(at[0] + 3 * MIB <= at[1] || at[0] + 1000 <= at[1], "no overlap: {at:x?}");
+        let s = pool.stats();
+        assert_eq!((s.reserved_bytes, s.live_allocations), (8 * MIB, 3), "{s:?}");
+        let live: u64 = pool.live_allocations().iter().map(|l| l.capacity).sum();
+        assert_eq!(s.reserved_bytes, live + s.cached_bytes, "{s:?}");
+        // A piece is freed once; a second free is refused and changes nothing.
+        pool.deallocate(b).unwrap();
+        assert!(pool.deallocate(b).is_err());
+        assert_eq!(pool.stats().live_allocations, 2);
+        // Freed, the pieces merge: the whole block is cached again, and goes back whole.
+        pool.deallocate(c).unwrap();
+        pool.deallocate(a).unwrap();
+        assert_eq!(pool.stats().cached_bytes, 8 * MIB);
+        assert_eq!(pool.empty_cache(), 8 * MIB);
+        assert_eq!(driver.lock().unwrap().freed.len(), 1);
+        assert_eq!(pool.stats().reserved_bytes, 0);
     }
 }

@@ -183,6 +183,10 @@ impl Storage for CudaStorage {
         true
     }
 
+    fn splits(&self) -> bool {
+        true
+    }
+
     fn size_class(&self, size: u64) -> Option<u64> {
         policy::size_class(size)
     }

@@ -51,7 +51,11 @@ impl<S: Storage> Pool<S> {
                 size: live.size,
             });
         }
-        Ok(BlockRef { block: Arc::clone(&live.block), offset, available: live.size - offset })
+        Ok(BlockRef {
+            block: Arc::clone(&live.block),
+            offset: live.at + offset,
+            available: live.size - offset,
+        })
     }
 
     /// Writes `src` at `dst`. 0 bytes: Ok without looking at `dst`.

@@ -2,10 +2,9 @@
 //! block or room under the limit), alloc_block (the device, with one retry after emptying the
 //! cache), record (stats and bookkeeping).
 
-use std::sync::Arc;
-
 use super::address::{Refused, Reservation, Span};
 use super::cache::{reuse_bound, Cached, Key};
+use super::pieces::Holder;
 use super::retry::block_name;
 use super::{lock, Live, Pool, PoolOptions, Prepared, Source, State};
 use crate::allocator::DEFAULT_ALIGNMENT;
@@ -84,7 +83,7 @@ impl<S: Storage> Pool<S> {
             }
             Ok(block) => {
                 let proven = plan.proven;
-                return Ok(self.record(plan, Cached { id, block, proven }, true, span, label));
+                return Ok(self.record(plan, Holder::whole(Cached { id, block, proven }), true, span, label));
             }
             Err(e) => e,
         };
@@ -152,42 +151,24 @@ impl<S: Storage> Pool<S> {
         let fit = reuse_bound(plan.key.capacity);
         let reuse = config.caching && config.reuse_freed;
         let mut cached = if reuse { state.cache.take_fit(&lo, fit) } else { None };
+        let splits = reuse && self.storage.splits();
+        // A free range of a split block (see `pieces.rs`), taken once the addresses are had.
+        let piece = cached.is_none() && splits && state.pieces.fits(&lo, plan.key.capacity);
         let held = state.stats.reserved_bytes + state.pending;
-        if let (None, true, Some(fraction)) = (&cached, reuse, config.cache_headroom) {
-            // A fresh block would pass the budget for a size it gave back before (a workload
-            // that repeats): a larger cached block serves rather, the smallest there is, where
-            // live blocks stay within the budget with it (see `budget.rs`).
-            let live = held - state.stats.cached_bytes;
-            let proven = state.cache.proven_bytes();
-            if held.saturating_add(plan.key.capacity)
-                > state.budget.limit(live.saturating_add(plan.key.capacity), fraction, proven)
-                && state.budget.remembers(&lo, fit)
-            {
-                cached = state.cache.take_fit(&lo, u64::MAX);
-                // The block taken no longer counts as cached.
-                let limit = state.budget.limit(live, fraction, state.cache.proven_bytes());
-                // Under a memory limit, only where the limit is far (twice the budget) and would
-                // still have room for another block of its size: near a limit, wasted capacity
-                // in a live block cannot be given back, and the limit's own eviction fits best.
-                let roomy = |c: u64| {
-                    config
-                        .memory_limit
-                        .is_none_or(|l| held.saturating_add(c) <= l && limit.saturating_mul(2) <= l)
-                };
-                if let Some((taken, block)) = cached
-                    .take_if(|(t, _)| live.saturating_add(t.key.capacity) > limit || !roomy(t.key.capacity))
-                {
-                    state.cache.put_back(taken, block);
-                }
-            }
+        if !piece && cached.is_none() && reuse {
+            cached = self.larger_block(&mut state, plan, config, splits);
         }
-        if cached.is_none() && held.checked_add(plan.key.capacity).is_none() {
+        if piece {
+            cached = None;
+        }
+        if !piece && cached.is_none() && held.checked_add(plan.key.capacity).is_none() {
             let detail = "the pool would hold more than 2^64 bytes".to_string();
             return Err(self.out_of_memory(&state, plan.size, detail));
         }
-        if let (None, Some(limit)) = (&cached, config.memory_limit) {
+        if let (None, false, Some(limit)) = (&cached, piece, config.memory_limit) {
             // Not even with the cache given back: the exact size, or refuse before anything changes.
-            let floor = held - state.stats.cached_bytes;
+            // Only whole cached blocks can be given back (not the free ranges of split ones).
+            let floor = held - state.cache.bytes();
             if floor + plan.key.capacity > limit {
                 if floor + plan.exact > limit {
                     let detail = format!("devalloc memory limit of {limit} bytes");
@@ -218,10 +199,24 @@ impl<S: Storage> Pool<S> {
                 });
             }
         };
+        if piece {
+            let (holder, len) =
+                state.pieces.take(&lo, plan.key.capacity).expect("it fits: looked under the lock");
+            state.stats.cached_bytes -= len;
+            plan.key.capacity = len;
+            return Ok((Source::Cached(holder), reservation));
+        }
         if let Some((taken, block)) = cached {
-            state.stats.cached_bytes -= taken.key.capacity;
+            let whole = taken.key.capacity;
+            state.stats.cached_bytes -= whole;
+            if splits && whole > reuse_bound(plan.key.capacity) {
+                let (holder, len) = state.pieces.split(taken.key, block, plan.exact, plan.key.capacity);
+                state.stats.cached_bytes += whole - len;
+                plan.key.capacity = len;
+                return Ok((Source::Cached(holder), reservation));
+            }
             plan.key = taken.key;
-            return Ok((Source::Cached(block), reservation));
+            return Ok((Source::Cached(Holder::whole(block)), reservation));
         }
         let capacity = plan.key.capacity;
         let mut evicted = Vec::new();
@@ -236,7 +231,7 @@ impl<S: Storage> Pool<S> {
             }
         }
         if let (true, Some(fraction)) = (reuse, config.cache_headroom) {
-            evicted.extend(self.keep_to_budget(&mut state, plan, fit, fraction));
+            evicted.extend(self.keep_to_budget(&mut state, plan, (fit, fraction), splits));
         }
         state.pending += capacity;
         state.blocks_made += 1;
@@ -254,8 +249,8 @@ impl<S: Storage> Pool<S> {
         &self,
         state: &mut State<S>,
         plan: &mut Prepared<S::Params>,
-        fit: u64,
-        fraction: f64,
+        (fit, fraction): (u64, f64),
+        splits: bool,
     ) -> Vec<S::Block> {
         let wanted = Key { capacity: plan.exact, ..plan.key.clone() };
         plan.proven = state.budget.missed(&wanted, fit);
@@ -263,9 +258,11 @@ impl<S: Storage> Pool<S> {
         let held = state.stats.reserved_bytes.saturating_add(state.pending).saturating_add(capacity);
         let live = held - state.stats.cached_bytes;
         let budget = &state.budget;
-        let (bytes, given) = state
-            .cache
-            .evict_oldest(|freed, proven| held.saturating_sub(freed) > budget.limit(live, fraction, proven));
+        // Where blocks split, the proven block being made counts as proven (it is live, not cached).
+        let mine = if plan.proven && splits { capacity } else { 0 };
+        let (bytes, given) = state.cache.evict_oldest(|freed, proven| {
+            held.saturating_sub(freed) > budget.limit(live, fraction, proven + mine)
+        });
         if bytes == 0 {
             return Vec::new();
         }
@@ -297,18 +294,18 @@ impl<S: Storage> Pool<S> {
     pub(super) fn record(
         &self,
         plan: Prepared<S::Params>,
-        cached: Cached<S::Block>,
+        holder: Holder<S::Block>,
         fresh: bool,
         span: Option<Span>,
         label: Option<&str>,
     ) -> DevicePtr {
-        let Cached { id, block, proven } = cached;
+        let Holder { id, block, proven, at, piece } = holder;
         let capacity = plan.key.capacity;
         let mut state = lock(&self.state);
         let base = match span {
             Some(span) => span.base,
             // Checked in `allocate_steps` for fresh blocks; a cached block had one when live.
-            None => self.storage.address(&block).unwrap_or_default(),
+            None => self.storage.address(&block).unwrap_or_default() + at,
         };
         let stats = &mut state.stats;
         if fresh {
@@ -330,8 +327,10 @@ impl<S: Storage> Pool<S> {
         let live = Live {
             size: plan.size,
             key: plan.key,
-            block: Arc::new(block),
+            block,
             block_id: id,
+            at,
+            piece,
             label: label.map(Into::into),
             span,
             // Made for a size the budget had given back (and so on through reuses).

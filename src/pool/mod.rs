@@ -15,10 +15,16 @@
 //!   per-allocation params (wgpu: usage) and capacity; never by label (labels are for people:
 //!   they stay in devalloc's records, reports and snapshots, and a reused block serves any
 //!   label). A request takes the smallest cached block of its alignment and params that holds
-//!   it and is at most an eighth larger than its capacity (best fit). There is no splitting or
-//!   merging: a block is reused only whole, so two allocations never share a block (on wgpu:
-//!   a buffer), and any two can be bound together with any access. `empty_cache` gives every
-//!   cached block back to the device. With [`PoolOptions::reuse_freed`] off (a debug setting)
+//!   it and is at most an eighth larger than its capacity (best fit).
+//! - **Split blocks** (host memory and CUDA: [`Storage::splits`]; never wgpu, so two wgpu
+//!   allocations never share a buffer and any two can be bound together with any access). Where
+//!   no cached block of its size serves a request, the best-fitting free range of a split block
+//!   does, else the smallest larger cached block is split: the request gets a piece at its
+//!   start, the rest stays free for later requests (see `pieces.rs`), and nothing is asked of
+//!   the device. A freed piece merges with its free neighbours; a block with no live piece left
+//!   is one whole cached block again, which the budget, a limit or `empty_cache` can give back
+//!   (a block with a live piece cannot). Pieces of one block show its id in
+//!   `LiveAllocation::block`. `empty_cache` gives every whole cached block back to the device. With [`PoolOptions::reuse_freed`] off (a debug setting)
 //!   freed blocks are never reused. Each block has an id (`LiveAllocation::block`), which
 //!   wgpu's own messages show.
 //! - **The budget** (no limit needed): the pool holds at most its live high-water mark plus
@@ -32,7 +38,9 @@
 //!   it, and a memory limit, if set, is at least twice the budget and has room for another
 //!   block of its size), so a repetition whose
 //!   sizes add up to more than it holds at once settles on fewer, larger blocks, after two or
-//!   three repetitions.
+//!   three repetitions. Where blocks split, such a size gets a fresh block where it fits as a
+//!   proven one, and the larger block is split otherwise: a repeating workload settles in one or
+//!   two repetitions, close to what it holds at once.
 //! - **Out of memory.** Past the memory limit, as few cached blocks as make room are given back
 //!   (the smallest one that is enough, else the largest first); if even the whole cache would
 //!   not make room for the rounded capacity, the exact size is tried; else the request fails. When
@@ -52,7 +60,10 @@ mod address;
 mod allocate;
 mod budget;
 mod cache;
+mod free;
 mod history;
+mod larger;
+mod pieces;
 mod plans;
 mod refused;
 mod report;
@@ -68,13 +79,12 @@ use self::history::History;
 use self::address::{AddressWindow, SharedWindow, Span, MAX_DEVICES, MAX_WINDOW_BITS};
 use self::budget::Budget;
 pub(crate) use self::cache::size_class as default_size_class;
-use self::cache::{BlockCache, Cached, Key};
+use self::cache::{BlockCache, Key};
+use self::pieces::{Holder, Pieces};
 use crate::allocator::AllocatorStats;
 use crate::device::Device;
-use crate::error::{Error, PointerProblem, Result};
+use crate::error::{Error, Result};
 use crate::planned::PlanTable;
-use crate::ptr::DevicePtr;
-use crate::snapshot::EventKind;
 use crate::storage::Storage;
 use crate::sync::lock;
 
@@ -151,6 +161,10 @@ struct Live<S: Storage> {
     block_id: u64,
     label: Option<Box<str>>,
     span: Option<Span>,
+    /// Where the allocation starts in its block.
+    at: u64,
+    /// Whether it is a piece of a split block (see `pieces.rs`).
+    piece: bool,
     /// Whether the workload came back to the block (see `budget.rs`).
     proven: bool,
     /// The tensors inside it, where named.
@@ -160,6 +174,8 @@ struct Live<S: Storage> {
 struct State<S: Storage> {
     live: BTreeMap<u64, Live<S>>,
     cache: BlockCache<S::Block, S::Params>,
+    /// Split blocks with a live piece, and their free ranges (counted as cached).
+    pieces: Pieces<S::Block, S::Params>,
     window: Option<SharedWindow>,
     stats: AllocatorStats,
     /// Bytes the device is allocating right now (counted against the limit).
@@ -189,7 +205,8 @@ struct Prepared<P> {
 
 /// Where an allocation's block comes from.
 enum Source<B> {
-    Cached(Cached<B>),
+    /// A cached block, whole or a piece of one.
+    Cached(Holder<B>),
     /// A fresh block, with its id.
     Fresh(u64),
 }
@@ -248,6 +265,7 @@ impl<S: Storage> Pool<S> {
             state: Mutex::new(State {
                 live: BTreeMap::new(),
                 cache: BlockCache::new(),
+                pieces: Pieces::new(),
                 window,
                 stats: AllocatorStats::default(),
                 pending: 0,
@@ -282,77 +300,12 @@ impl<S: Storage> Pool<S> {
         lock(&self.config).memory_limit
     }
 
-    /// Frees the allocation that starts at `ptr`.
-    pub fn deallocate(&self, ptr: DevicePtr) -> Result<()> {
-        let config = lock(&self.config).clone();
-        let mut state = lock(&self.state);
-        self.sweep_refused(&mut state);
-        let Some(live) = state.live.remove(&ptr.addr()) else {
-            if let Some(e) = self.forget_refused(&mut state, ptr) {
-                return Err(e);
-            }
-            let problem = match self.pointer_problem(&state, ptr) {
-                PointerProblem::Unknown if Self::find(&state, ptr.addr()).is_some() => {
-                    PointerProblem::NotAllocationStart
-                }
-                p => p,
-            };
-            return Err(Error::InvalidPointer { ptr, device: self.device, problem });
-        };
-        let capacity = live.key.capacity;
-        let stats = &mut state.stats;
-        stats.deallocations += 1;
-        stats.live_allocations -= 1;
-        stats.allocated_bytes -= live.size;
-        if let (Some(w), Some(span)) = (state.window.as_ref(), live.span) {
-            lock(w).release(span);
-        }
-        let keep = config.caching && config.reuse_freed && self.storage.reusable(&live.block);
-        let size = live.size;
-        let to_drop = match (keep, Arc::try_unwrap(live.block)) {
-            (true, Ok(block)) => {
-                state.stats.cached_bytes += capacity;
-                state.cache.put(live.key, Cached { id: live.block_id, block, proven: live.proven });
-                None
-            }
-            (_, block) => {
-                state.stats.reserved_bytes -= capacity;
-                if let (false, Ok(owned)) = (config.reuse_freed, &block) {
-                    self.storage.retire(owned);
-                }
-                Some(block)
-            }
-        };
-        let to_cache = to_drop.is_none();
-        // Noted under the lock: no allocation of this address can be noted before its free.
-        self.note(|| EventKind::Free { addr: ptr.addr(), size, capacity, to_cache });
-        drop(state);
-        drop(to_drop);
-        Ok(())
-    }
-
-    fn take_cache(state: &mut State<S>) -> Vec<S::Block> {
-        state.stats.reserved_bytes -= state.cache.bytes();
-        state.stats.cached_bytes = 0;
-        state.cache.take_all()
-    }
-
-    /// Frees every cached block; returns the bytes given back to the device.
-    pub fn empty_cache(&self) -> u64 {
-        let mut state = lock(&self.state);
-        let bytes = state.cache.bytes();
-        let blocks = Self::take_cache(&mut state);
-        drop(state);
-        drop(blocks);
-        self.note(|| EventKind::EmptyCache { bytes });
-        bytes
-    }
-
     /// The pool's statistics.
     pub fn stats(&self) -> AllocatorStats {
         let mut state = lock(&self.state);
         self.sweep_refused(&mut state);
         let mut stats = state.stats;
+        debug_assert_eq!(stats.cached_bytes, state.cache.bytes() + state.pieces.bytes(), "cached bytes");
         drop(state);
         stats.staging_bytes = self.storage.staging_bytes();
         stats
