@@ -157,7 +157,8 @@ pub struct LiveAllocation {
     /// Its label.
     pub label: Option<String>,
     /// The id of the block that holds it (a block keeps its id while cached and reused; wgpu's
-    /// own messages name the buffer `devalloc block <id> (<capacity> bytes)`).
+    /// own messages name the buffer `devalloc block <id> (<capacity> bytes)`). On host memory
+    /// and CUDA, whose cached blocks are split, several allocations may show one block.
     #[serde(default)]
     pub block: u64,
     /// The tensors inside it, where the program named them (a planned buffer's:

@@ -16,6 +16,11 @@
 //! Under a memory limit it happens only where the limit is at least twice the budget and has
 //! room for another block of that size: near a limit, the limit's own eviction decides.
 //!
+//! Where blocks split (host memory, CUDA: see `pieces.rs` and `larger.rs`), such a size first
+//! gets a fresh block where it fits as a proven one (a proven block being made counts as proven
+//! cached), and otherwise a piece of the larger block, whose rest stays free: nothing is
+//! wasted while it is live, and a repeating workload settles close to what it holds at once.
+//!
 //! So a workload that moves on (a growing KV cache, shapes that vary) holds at most an eighth
 //! more than its high-water mark, and one that repeats settles with the blocks it reuses kept,
 //! on larger blocks where its sizes add up to more than that eighth.
