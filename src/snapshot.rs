@@ -185,7 +185,8 @@ impl LiveAllocation {
     }
 }
 
-/// Cached blocks of one capacity.
+/// Cached blocks of one capacity (on host memory and CUDA, also the free ranges of split
+/// blocks: together they add up to the cached bytes).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CachedBlocks {
     /// Their capacity.

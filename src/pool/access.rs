@@ -55,6 +55,7 @@ impl<S: Storage> Pool<S> {
             block: Arc::clone(&live.block),
             offset: live.at + offset,
             available: live.size - offset,
+            _piece: live.piece.clone(),
         })
     }
 

@@ -2,6 +2,8 @@
 //! block or room under the limit), alloc_block (the device, with one retry after emptying the
 //! cache), record (stats and bookkeeping).
 
+use std::sync::Arc;
+
 use super::address::{Refused, Reservation, Span};
 use super::cache::{reuse_bound, Cached, Key};
 use super::pieces::Holder;
@@ -330,7 +332,7 @@ impl<S: Storage> Pool<S> {
             block,
             block_id: id,
             at,
-            piece,
+            piece: piece.then(|| Arc::new(())),
             label: label.map(Into::into),
             span,
             // Made for a size the budget had given back (and so on through reuses).

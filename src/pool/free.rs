@@ -39,7 +39,7 @@ impl<S: Storage> Pool<S> {
         }
         let keep = config.caching && config.reuse_freed && self.storage.reusable(&live.block);
         let size = live.size;
-        if live.piece {
+        if live.piece.is_some() {
             return self.free_piece(state, ptr, live, keep);
         }
         let to_drop = match (keep, Arc::try_unwrap(live.block)) {
@@ -80,9 +80,9 @@ impl<S: Storage> Pool<S> {
         keep: bool,
     ) -> Result<()> {
         let (size, capacity) = (live.size, live.key.capacity);
-        // Someone besides the segment and its live pieces holds the block: an async copy in
-        // flight, whose range must not be handed out again meanwhile.
-        let in_use = !keep || Arc::strong_count(&live.block) > state.pieces.holders(live.block_id);
+        // A copy through this piece still runs (an async copy in flight): its range must not be
+        // handed out again meanwhile.
+        let in_use = !keep || live.piece.as_ref().is_some_and(|t| Arc::strong_count(t) > 1);
         drop(live.block);
         state.stats.cached_bytes += capacity;
         // Noted as a free to the cache; a segment dropped below is given back (an eviction).

@@ -10,6 +10,10 @@ use crate::storage::Storage;
 /// size back before. A small piece kept long in a much larger block keeps the rest of it from
 /// going back (MiniMalloc's adversarial instances hold 1.85x their lower bound with it, 2.21x
 /// with no bound, where PyTorch's policy holds 2.0x), while model histories lose nothing by it.
+/// A free range of a block already split serves any request it holds, however small: bounding
+/// that too (by the block's size) left holes unused, and model histories replayed four times
+/// held up to 3.1x their lower bound (t_long: a 4-layer transformer over 2,048 tokens) where
+/// they hold 1.84x without it.
 const SPLIT_AT_MOST: u64 = 4;
 
 /// A block taken out of the cache, and where it was.

@@ -151,6 +151,9 @@ pub struct BlockRef<B> {
     pub offset: u64,
     /// Bytes of the allocation from the pointer to its end.
     pub available: u64,
+    /// Holds the allocation's piece of a split block while the caller uses it, so that a free
+    /// meanwhile does not hand its range out again (see `pieces.rs`).
+    _piece: Option<Arc<()>>,
 }
 
 struct Live<S: Storage> {
@@ -163,8 +166,9 @@ struct Live<S: Storage> {
     span: Option<Span>,
     /// Where the allocation starts in its block.
     at: u64,
-    /// Whether it is a piece of a split block (see `pieces.rs`).
-    piece: bool,
+    /// Whether it is a piece of a split block (see `pieces.rs`); its token is held by each
+    /// copy through it while the copy runs.
+    piece: Option<Arc<()>>,
     /// Whether the workload came back to the block (see `budget.rs`).
     proven: bool,
     /// The tensors inside it, where named.

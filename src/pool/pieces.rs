@@ -6,9 +6,10 @@
 //! piece merges with its free neighbours; once a segment has no live piece it is one whole
 //! cached block again, which the budget, a limit or `empty_cache` can give back.
 //!
-//! A piece freed while someone else still holds the segment (an async copy in flight) is not
-//! handed out again: its range stays out of use until the segment empties, and the segment is
-//! then dropped rather than cached, as an unsplit block would be.
+//! A piece freed while a copy through it still runs (an async copy in flight) is not handed
+//! out again: its range stays out of use until the segment empties, and the segment is then
+//! dropped rather than cached, as an unsplit block would be. (Copies through other pieces of
+//! the block do not count.)
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -46,6 +47,8 @@ struct Segment<B, P> {
     free: BTreeMap<u64, u64>,
     /// A piece was freed while someone else held the block: it is dropped once empty.
     orphaned: bool,
+    /// Bytes not in live pieces.
+    idle: u64,
 }
 
 /// What freeing a piece left.
@@ -117,6 +120,7 @@ impl<B, P: Ord + Clone> Pieces<B, P> {
             live: 1,
             free: BTreeMap::new(),
             orphaned: false,
+            idle: capacity - len,
         };
         self.segs.insert(id, seg);
         if len < capacity {
@@ -158,13 +162,43 @@ impl<B, P: Ord + Clone> Pieces<B, P> {
         self.bytes -= len;
         let seg = self.segs.get_mut(&id).expect("a known segment");
         seg.live += 1;
+        seg.idle -= len;
         Some((Holder { id, block: Arc::clone(&seg.block), proven: seg.proven, at, piece: true }, len))
     }
 
-    /// Live pieces of segment `id` and the pool's expected holders of its block (the segment
-    /// and each live piece).
-    pub fn holders(&self, id: u64) -> usize {
-        self.segs.get(&id).map_or(0, |s| s.live + 1)
+    /// (length, count) of the free ranges, and of the ranges out of use (one per segment that
+    /// has them), by length: with the whole cached blocks, what the cached bytes are.
+    pub fn counts(&self) -> BTreeMap<u64, u64> {
+        let mut by = BTreeMap::new();
+        for seg in self.segs.values() {
+            let free: u64 = seg.free.values().sum();
+            for &len in seg.free.values() {
+                *by.entry(len).or_default() += 1;
+            }
+            if seg.idle > free {
+                *by.entry(seg.idle - free).or_default() += 1;
+            }
+        }
+        by
+    }
+
+    /// Forgets every segment whose block `gone` picks (the device refused it): its free ranges
+    /// serve nothing more. Returns the bytes not in live pieces (free or out of use), and the
+    /// blocks, for the caller to drop outside its lock. The live pieces are the caller's to
+    /// forget: they are never freed through here again.
+    pub fn forget_where(&mut self, mut gone: impl FnMut(&B) -> bool) -> (u64, Vec<Arc<B>>) {
+        let ids: Vec<u64> = self.segs.iter().filter(|(_, s)| gone(&s.block)).map(|(&id, _)| id).collect();
+        let (mut bytes, mut blocks) = (0, Vec::new());
+        for id in ids {
+            let seg = self.segs.remove(&id).expect("a known segment");
+            for (&r_at, &r_len) in &seg.free {
+                self.index.remove(&(seg.key.alignment, seg.key.params.clone(), r_len, id, r_at));
+            }
+            bytes += seg.idle;
+            blocks.push(seg.block);
+        }
+        self.bytes -= bytes;
+        (bytes, blocks)
     }
 
     /// Frees the piece of segment `id` at `at`, `len` bytes (the caller has dropped its holder
@@ -174,6 +208,7 @@ impl<B, P: Ord + Clone> Pieces<B, P> {
         self.bytes += len;
         let seg = self.segs.get_mut(&id).expect("a known segment");
         seg.live -= 1;
+        seg.idle += len;
         seg.orphaned |= in_use;
         if seg.live == 0 {
             let seg = self.segs.remove(&id).expect("a known segment");
@@ -264,6 +299,19 @@ mod tests {
         }
         drop(held);
         assert_eq!(p.bytes(), 0);
+    }
+
+    #[test]
+    fn a_refused_segment_is_forgotten_with_its_free_ranges() {
+        let mut p: Pieces<u32, ()> = Pieces::new();
+        let _a = p.split(key(4096), Cached { id: 1, block: 10, proven: false }, 512, 1024);
+        let _b = p.split(key(8192), Cached { id: 2, block: 20, proven: false }, 512, 1024);
+        assert_eq!(p.bytes(), 3072 + 7168);
+        let (bytes, blocks) = p.forget_where(|&b| b == 20);
+        assert_eq!((bytes, blocks.len(), p.bytes()), (7168, 1, 3072));
+        let (c, _) = p.take(&key(512), 512).unwrap();
+        assert_eq!(c.id, 1, "only the other block serves");
+        assert!(p.take(&key(4096), 4096).is_none());
     }
 
     #[test]

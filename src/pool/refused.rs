@@ -37,6 +37,14 @@ impl<S: Storage> Pool<S> {
             self.note(|| EventKind::Evict { bytes });
         }
         drop(blocks);
+        // So are the free ranges of a refused split block (its live pieces go below).
+        let (bytes, blocks) = state.pieces.forget_where(|b| self.storage.refused(b));
+        if bytes > 0 {
+            state.stats.reserved_bytes -= bytes;
+            state.stats.cached_bytes -= bytes;
+            self.note(|| EventKind::Evict { bytes });
+        }
+        drop(blocks);
         let gone: Vec<u64> =
             state.live.iter().filter(|(_, l)| self.storage.refused(&l.block)).map(|(&a, _)| a).collect();
         for addr in gone {

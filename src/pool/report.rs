@@ -91,12 +91,12 @@ impl<S: Storage> Pool<S> {
             let mut state = lock(&self.state);
             self.sweep_refused(&mut state);
             let live = Self::live_in(&state);
-            let cached = state
-                .cache
-                .counts()
-                .into_iter()
-                .map(|(capacity, count)| CachedBlocks { capacity, count })
-                .collect();
+            // Whole cached blocks and the free ranges of split ones, by capacity.
+            let mut by = state.pieces.counts();
+            for (capacity, count) in state.cache.counts() {
+                *by.entry(capacity).or_default() += count;
+            }
+            let cached = by.into_iter().map(|(capacity, count)| CachedBlocks { capacity, count }).collect();
             let planned = state
                 .plans
                 .list()

@@ -1,7 +1,7 @@
 //! Every native test of devalloc, in one binary (the conformance suite compiles once): the
 //! suite and the hostile model check on host memory (`host`), the contract's edges (`contract`),
 //! the planner (`plan`, `plan_search`), its CSV reader and replay under hostile input (`inputs`), the pool's
-//! policy (`pool_policy`), its cache budget (`pool_budget`) and split blocks (`pool_split`), the registry (`registry`), wgpu on lavapipe and llvmpipe (`wgpu`), a
+//! policy (`pool_policy`), its cache budget (`pool_budget`) and split blocks (`pool_split`; hostile: `split_hostile`, `split_real`), the registry (`registry`), wgpu on lavapipe and llvmpipe (`wgpu`), a
 //! wgpu app that adopts devalloc (`wgpu_app`) and loses its device (`wgpu_app_loss`), an app's hostile ways with it (panicking map
 //! callbacks, async copies dropped mid-map: `wgpu_hostile`), wgpu copies under hostile use
 //! (bounded work per async poll, drops at any poll, destroy mid-copy: `wgpu_copies`), what wgpu
@@ -28,6 +28,8 @@ mod pool_budget_hostile;
 mod pool_policy;
 mod pool_split;
 mod registry;
+mod split_hostile;
+mod split_real;
 mod util;
 #[cfg(feature = "wgpu")]
 mod wgpu;
