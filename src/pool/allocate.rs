@@ -331,13 +331,12 @@ impl<S: Storage> Pool<S> {
             key: plan.key,
             block,
             block_id: id,
-            at,
-            piece: piece.then(|| Arc::new(())),
+            piece: piece.then(|| Arc::new(at)),
             label: label.map(Into::into),
             span,
             // Made for a size the budget had given back (and so on through reuses).
             proven,
-            tensors: Vec::new(),
+            tensors: Box::default(),
         };
         state.live.insert(base, live);
         self.note(|| EventKind::Alloc {

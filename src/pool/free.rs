@@ -87,7 +87,8 @@ impl<S: Storage> Pool<S> {
         state.stats.cached_bytes += capacity;
         // Noted as a free to the cache; a segment dropped below is given back (an eviction).
         self.note(|| EventKind::Free { addr: ptr.addr(), size, capacity, to_cache: true });
-        let to_drop = match state.pieces.free(live.block_id, live.at, capacity, in_use) {
+        let at = live.piece.as_deref().map_or(0, |&at| at);
+        let to_drop = match state.pieces.free(live.block_id, at, capacity, in_use) {
             Freed::Kept => None,
             Freed::Whole(key, cached) => {
                 state.cache.put(key, cached);

@@ -61,7 +61,7 @@ impl<S: Storage> Pool<S> {
                 size,
             });
         }
-        live.tensors = tensors.to_vec();
+        live.tensors = tensors.into();
         drop(state);
         self.note(|| EventKind::Tensors { addr: ptr.addr(), tensors: tensors.to_vec() });
         Ok(())

@@ -44,7 +44,7 @@ impl<S: Storage> Pool<S> {
                 capacity: l.key.capacity,
                 label: l.label.as_deref().map(Into::into),
                 block: l.block_id,
-                tensors: l.tensors.clone(),
+                tensors: l.tensors.to_vec(),
             })
             .collect()
     }
