@@ -24,8 +24,9 @@
 //! ```
 //!
 //! Event kinds: `alloc` (addr, size, capacity, label, from_cache, backtrace), `free` (addr, size,
-//! capacity, to_cache), `out_of_memory` (requested, detail), `evict` (bytes: the cache given
-//! back to stay under the memory limit, or before retrying after the device ran out), `empty_cache` (bytes), `planned_buffer` (memory_id, addr,
+//! capacity, to_cache), `out_of_memory` (requested, detail), `evict` (bytes: cached memory given
+//! back: by the budget, to stay under the memory limit, before retrying after the device ran out,
+//! or a split block emptied while a copy still held it), `empty_cache` (bytes), `planned_buffer` (memory_id, addr,
 //! size), `release_buffers` (count). Times are microseconds since the process first asked
 //! devalloc for the time. Addresses are devalloc's (virtual for host and wgpu, real for CUDA),
 //! written as hex strings (`"0x…"`): they pass 2^53, where a JSON number read by JavaScript
