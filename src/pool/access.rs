@@ -53,7 +53,7 @@ impl<S: Storage> Pool<S> {
         }
         Ok(BlockRef {
             block: Arc::clone(&live.block),
-            offset: live.piece.as_deref().map_or(0, |&at| at) + offset,
+            offset: live.at() + offset,
             available: live.size - offset,
             _piece: live.piece.clone(),
         })

@@ -155,13 +155,11 @@ impl<S: Storage> Pool<S> {
         let mut cached = if reuse { state.cache.take_fit(&lo, fit) } else { None };
         let splits = reuse && self.storage.splits();
         // A free range of a split block (see `pieces.rs`), taken once the addresses are had.
-        let piece = cached.is_none() && splits && state.pieces.fits(&lo, plan.key.capacity);
+        let spot = if cached.is_none() && splits { state.pieces.find(&lo, plan.key.capacity) } else { None };
+        let piece = spot.is_some();
         let held = state.stats.reserved_bytes + state.pending;
         if !piece && cached.is_none() && reuse {
             cached = self.larger_block(&mut state, plan, config, splits);
-        }
-        if piece {
-            cached = None;
         }
         if !piece && cached.is_none() && held.checked_add(plan.key.capacity).is_none() {
             let detail = "the pool would hold more than 2^64 bytes".to_string();
@@ -201,9 +199,8 @@ impl<S: Storage> Pool<S> {
                 });
             }
         };
-        if piece {
-            let (holder, len) =
-                state.pieces.take(&lo, plan.key.capacity).expect("it fits: looked under the lock");
+        if let Some(spot) = spot {
+            let (holder, len) = state.pieces.take_at(spot);
             state.stats.cached_bytes -= len;
             plan.key.capacity = len;
             return Ok((Source::Cached(holder), reservation));

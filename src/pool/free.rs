@@ -79,7 +79,7 @@ impl<S: Storage> Pool<S> {
         live: Live<S>,
         keep: bool,
     ) -> Result<()> {
-        let (size, capacity) = (live.size, live.key.capacity);
+        let (size, capacity, at) = (live.size, live.key.capacity, live.at());
         // A copy through this piece still runs (an async copy in flight): its range must not be
         // handed out again meanwhile.
         let in_use = !keep || live.piece.as_ref().is_some_and(|t| Arc::strong_count(t) > 1);
@@ -87,7 +87,6 @@ impl<S: Storage> Pool<S> {
         state.stats.cached_bytes += capacity;
         // Noted as a free to the cache; a segment dropped below is given back (an eviction).
         self.note(|| EventKind::Free { addr: ptr.addr(), size, capacity, to_cache: true });
-        let at = live.piece.as_deref().map_or(0, |&at| at);
         let to_drop = match state.pieces.free(live.block_id, at, capacity, in_use) {
             Freed::Kept => None,
             Freed::Whole(key, cached) => {

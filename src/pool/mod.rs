@@ -174,6 +174,13 @@ struct Live<S: Storage> {
     tensors: Box<[crate::snapshot::TensorNote]>,
 }
 
+impl<S: Storage> Live<S> {
+    /// Where the allocation starts in its block.
+    fn at(&self) -> u64 {
+        self.piece.as_deref().copied().unwrap_or(0)
+    }
+}
+
 struct State<S: Storage> {
     live: BTreeMap<u64, Live<S>>,
     cache: BlockCache<S::Block, S::Params>,

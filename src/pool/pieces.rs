@@ -66,8 +66,16 @@ pub(crate) enum Freed<B, P> {
 pub(crate) struct Pieces<B, P> {
     segs: BTreeMap<u64, Segment<B, P>>,
     index: BTreeSet<(u64, P, u64, u64, u64)>,
-    /// Bytes not in live pieces (free or out of use).
-    bytes: u64,
+}
+
+/// Where a request's piece is: the free range (segment, start, length) it is carved from, and
+/// the piece (start, length).
+pub(crate) struct Spot {
+    id: u64,
+    r_at: u64,
+    r_len: u64,
+    at: u64,
+    len: u64,
 }
 
 /// A piece carved out of a segment, at `at`, `len` bytes.
@@ -85,12 +93,13 @@ fn carve(r_at: u64, r_len: u64, unit: u64, exact: u64, want: u64) -> Option<(u64
 
 impl<B, P: Ord + Clone> Pieces<B, P> {
     pub fn new() -> Self {
-        Pieces { segs: BTreeMap::new(), index: BTreeSet::new(), bytes: 0 }
+        Pieces { segs: BTreeMap::new(), index: BTreeSet::new() }
     }
 
-    /// Bytes in segments not held by live pieces.
+    /// Bytes in segments not held by live pieces (free or out of use; the pool counts them as
+    /// cached, and checks that it does).
     pub fn bytes(&self) -> u64 {
-        self.bytes
+        self.segs.values().map(|s| s.idle).sum()
     }
 
     fn add_free(&mut self, id: u64, at: u64, len: u64) {
@@ -125,33 +134,26 @@ impl<B, P: Ord + Clone> Pieces<B, P> {
         self.segs.insert(id, seg);
         if len < capacity {
             self.add_free(id, len, capacity - len);
-            self.bytes += capacity - len;
         }
         (Holder { id, block, proven: cached.proven, at: 0, piece: true }, len)
     }
 
     /// The best-fitting free range of `key`'s alignment and params that holds `key.capacity`
-    /// bytes (the exact size; the piece gets `want` where there is room): where it is, and the
-    /// piece it gives.
-    fn find(&self, key: &Key<P>, want: u64) -> Option<(u64, u64, u64, u64, u64)> {
+    /// bytes (the exact size; the piece gets `want` where there is room), and the piece it
+    /// gives ([`Pieces::take_at`] takes it).
+    pub fn find(&self, key: &Key<P>, want: u64) -> Option<Spot> {
         let exact = key.capacity;
         let unit = key.alignment.max(super::cache::GRANULE);
         let lo = (key.alignment, key.params.clone(), exact, 0, 0);
         let hi = (key.alignment, key.params.clone(), u64::MAX, u64::MAX, u64::MAX);
         self.index.range(lo..=hi).take(64).find_map(|&(_, _, r_len, id, r_at)| {
-            carve(r_at, r_len, unit, exact, want).map(|(at, len)| (id, r_at, r_len, at, len))
+            carve(r_at, r_len, unit, exact, want).map(|(at, len)| Spot { id, r_at, r_len, at, len })
         })
     }
 
-    /// Whether a free range serves `key` (see [`Pieces::take`]).
-    pub fn fits(&self, key: &Key<P>, want: u64) -> bool {
-        self.find(key, want).is_some()
-    }
-
-    /// Takes the piece the best-fitting free range gives for `key.capacity` bytes (the exact
-    /// size; `want` where there is room), and its length.
-    pub fn take(&mut self, key: &Key<P>, want: u64) -> Option<(Holder<B>, u64)> {
-        let (id, r_at, r_len, at, len) = self.find(key, want)?;
+    /// Takes the piece [`Pieces::find`] found (nothing changed since), and its length.
+    pub fn take_at(&mut self, spot: Spot) -> (Holder<B>, u64) {
+        let Spot { id, r_at, r_len, at, len } = spot;
         self.remove_free(id, r_at);
         if at > r_at {
             self.add_free(id, r_at, at - r_at);
@@ -159,11 +161,16 @@ impl<B, P: Ord + Clone> Pieces<B, P> {
         if at + len < r_at + r_len {
             self.add_free(id, at + len, r_at + r_len - at - len);
         }
-        self.bytes -= len;
         let seg = self.segs.get_mut(&id).expect("a known segment");
         seg.live += 1;
         seg.idle -= len;
-        Some((Holder { id, block: Arc::clone(&seg.block), proven: seg.proven, at, piece: true }, len))
+        (Holder { id, block: Arc::clone(&seg.block), proven: seg.proven, at, piece: true }, len)
+    }
+
+    /// [`Pieces::find`], then [`Pieces::take_at`].
+    #[cfg(test)]
+    fn take(&mut self, key: &Key<P>, want: u64) -> Option<(Holder<B>, u64)> {
+        self.find(key, want).map(|spot| self.take_at(spot))
     }
 
     /// (length, count) of the free ranges, and of the ranges out of use (one per segment that
@@ -182,6 +189,15 @@ impl<B, P: Ord + Clone> Pieces<B, P> {
         by
     }
 
+    /// Takes segment `id` out, with its free ranges.
+    fn remove_segment(&mut self, id: u64) -> Segment<B, P> {
+        let seg = self.segs.remove(&id).expect("a known segment");
+        for (&r_at, &r_len) in &seg.free {
+            self.index.remove(&(seg.key.alignment, seg.key.params.clone(), r_len, id, r_at));
+        }
+        seg
+    }
+
     /// Forgets every segment whose block `gone` picks (the device refused it): its free ranges
     /// serve nothing more. Returns the bytes not in live pieces (free or out of use), and the
     /// blocks, for the caller to drop outside its lock. The live pieces are the caller's to
@@ -190,14 +206,10 @@ impl<B, P: Ord + Clone> Pieces<B, P> {
         let ids: Vec<u64> = self.segs.iter().filter(|(_, s)| gone(&s.block)).map(|(&id, _)| id).collect();
         let (mut bytes, mut blocks) = (0, Vec::new());
         for id in ids {
-            let seg = self.segs.remove(&id).expect("a known segment");
-            for (&r_at, &r_len) in &seg.free {
-                self.index.remove(&(seg.key.alignment, seg.key.params.clone(), r_len, id, r_at));
-            }
+            let seg = self.remove_segment(id);
             bytes += seg.idle;
             blocks.push(seg.block);
         }
-        self.bytes -= bytes;
         (bytes, blocks)
     }
 
@@ -205,17 +217,12 @@ impl<B, P: Ord + Clone> Pieces<B, P> {
     /// of the block); `in_use`: someone else still holds the block, so the range stays out of
     /// use.
     pub fn free(&mut self, id: u64, at: u64, len: u64, in_use: bool) -> Freed<B, P> {
-        self.bytes += len;
         let seg = self.segs.get_mut(&id).expect("a known segment");
         seg.live -= 1;
         seg.idle += len;
         seg.orphaned |= in_use;
         if seg.live == 0 {
-            let seg = self.segs.remove(&id).expect("a known segment");
-            for (&r_at, &r_len) in &seg.free {
-                self.index.remove(&(seg.key.alignment, seg.key.params.clone(), r_len, id, r_at));
-            }
-            self.bytes -= seg.key.capacity;
+            let seg = self.remove_segment(id);
             return match (seg.orphaned, Arc::try_unwrap(seg.block)) {
                 (false, Ok(block)) => Freed::Whole(seg.key, Cached { id, block, proven: seg.proven }),
                 (_, Ok(block)) => Freed::Dropped(seg.key.capacity, Arc::new(block)),

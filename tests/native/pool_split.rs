@@ -4,14 +4,9 @@
 
 use devalloc::{DeviceAllocator, DevicePtr, Error, HostAllocator, PointerProblem};
 
-const KIB: usize = 1 << 10;
+use super::split_hostile::host_adds_up;
 
-fn stats_add_up(a: &HostAllocator) -> devalloc::AllocatorStats {
-    let s = a.stats(0).unwrap();
-    let live: u64 = a.live_allocations(0).unwrap().iter().map(|l| l.capacity).sum();
-    assert_eq!(s.reserved_bytes, live + s.cached_bytes, "{s:?}");
-    s
-}
+const KIB: usize = 1 << 10;
 
 fn fill(a: &HostAllocator, p: DevicePtr, n: usize, seed: u8) {
     let bytes: Vec<u8> = (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect();
@@ -33,7 +28,7 @@ fn pieces_of_one_cached_block_keep_their_own_bytes_and_bounds() {
     // Pieces of a block at most 4 times their size (see the policy).
     let sizes = [300 * KIB, 400 * KIB + 7, 200 * KIB];
     let ptrs: Vec<DevicePtr> = sizes.iter().map(|&n| a.allocate(n, 0, 256).unwrap()).collect();
-    let s = stats_add_up(&a);
+    let s = host_adds_up(&a);
     assert_eq!((s.reserved_bytes, s.cache_misses), (1024 * KIB as u64, 1), "pieces of the one block: {s:?}");
     let blocks: Vec<u64> = a.live_allocations(0).unwrap().iter().map(|l| l.block).collect();
     assert!(blocks.windows(2).all(|w| w[0] == w[1]), "one block: {blocks:?}");
@@ -58,15 +53,15 @@ fn pieces_of_one_cached_block_keep_their_own_bytes_and_bounds() {
         "{interior:?}"
     );
     a.deallocate(ptrs[1], 0).unwrap();
-    let before = stats_add_up(&a);
+    let before = host_adds_up(&a);
     let twice = a.deallocate(ptrs[1], 0);
     assert!(matches!(twice, Err(Error::InvalidPointer { problem: PointerProblem::Freed, .. })), "{twice:?}");
     assert!(matches!(a.copy_host_to_device(ptrs[1], &[1], 0), Err(Error::InvalidPointer { .. })));
-    assert_eq!(stats_add_up(&a), before);
+    assert_eq!(host_adds_up(&a), before);
     // The freed middle piece is reused for a request that fits in it, at a fresh address.
     let again = a.allocate(250 * KIB, 0, 256).unwrap();
     assert_ne!(again, ptrs[1]);
-    assert_eq!(stats_add_up(&a).cache_misses, 1);
+    assert_eq!(host_adds_up(&a).cache_misses, 1);
     fill(&a, again, 250 * KIB, 7);
     assert!(holds(&a, ptrs[0], sizes[0], 0) && holds(&a, ptrs[2], 100 * KIB, 0));
     // While a piece is live its block cannot go back; once all are freed it goes back whole.
@@ -74,10 +69,10 @@ fn pieces_of_one_cached_block_keep_their_own_bytes_and_bounds() {
     a.deallocate(again, 0).unwrap();
     assert_eq!(a.empty_cache(), 0, "the block still holds a live piece");
     a.deallocate(ptrs[2], 0).unwrap();
-    let s = stats_add_up(&a);
+    let s = host_adds_up(&a);
     assert_eq!((s.cached_bytes, s.live_allocations), (1024 * KIB as u64, 0));
     assert_eq!(a.empty_cache(), 1024 * KIB as u64);
-    assert_eq!(stats_add_up(&a).reserved_bytes, 0);
+    assert_eq!(host_adds_up(&a).reserved_bytes, 0);
 }
 
 #[test]
@@ -95,9 +90,9 @@ fn a_workload_that_repeats_settles_on_split_blocks() {
         a.deallocate(z, 0).unwrap();
         let w = a.allocate(106 * KIB, 0, 256).unwrap();
         a.deallocate(w, 0).unwrap();
-        misses.push(stats_add_up(&a).cache_misses);
+        misses.push(host_adds_up(&a).cache_misses);
     }
     assert!(misses[3..].iter().all(|&m| m == misses[2]), "device allocations after each step: {misses:?}");
-    let s = stats_add_up(&a);
+    let s = host_adds_up(&a);
     assert!(s.peak_reserved_bytes * 10 <= 140 * KIB as u64 * 15, "{s:?}");
 }
