@@ -3,6 +3,8 @@
 //! them through `WgpuAllocator::buffer`, and the result is checked against the CPU.
 //!
 //!     cargo run --release --example compute [vulkan|gl|metal|dx12]
+#[path = "support/compare.rs"]
+mod compare;
 #[path = "support/logging.rs"]
 mod logging;
 use std::time::Instant;
@@ -102,13 +104,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let kernel = t.elapsed();
 
     let out = y.to_vec::<f32>()?;
-    let mut worst = 0f32;
-    for i in 0..n as usize {
-        let want = a * xs[i] + ys[i];
-        worst = worst.max((out[i] - want).abs());
-    }
+    let want: Vec<f32> = xs.iter().zip(&ys).map(|(x, y)| a * x + y).collect();
+    // NaN and a short output fail too (a NaN difference makes `worst` NaN).
+    let worst = compare::max_abs_error(&out, &want)?;
     println!("{n} floats: kernel {:.2} ms, max |gpu - cpu| = {worst:e}", kernel.as_secs_f64() * 1e3);
-    if worst > 1e-4 {
+    if !compare::within(worst, 1e-4) {
         return Err(format!("GPU result differs from the CPU by {worst}").into());
     }
     println!("saxpy result matches the CPU");

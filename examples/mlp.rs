@@ -6,6 +6,8 @@
 //! in one call each; every output checked against the CPU; then the stats and a snapshot.
 //!
 //!     cargo run --example mlp [vulkan|gl]
+#[path = "support/compare.rs"]
+mod compare;
 #[path = "support/logging.rs"]
 mod logging;
 
@@ -136,7 +138,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // A blocking copy through devalloc sees the work the app submitted before it.
         let mut probs = vec![0f32; batch * WIDTHS[2]];
         alloc.copy_device_to_host(bytemuck::cast_slice_mut(&mut probs), t[3].ptr, 0)?;
-        worst = probs.iter().zip(cpu(&x, &host, batch)).map(|(g, c)| (g - c).abs()).fold(worst, f32::max);
+        // NaN-aware (a NaN anywhere makes `worst` NaN, which fails below); a length mismatch
+        // or an empty output is an error.
+        let err = compare::max_abs_error(&probs, &cpu(&x, &host, batch))?;
+        worst = compare::worse(worst, err);
         warm = if it == 0 { alloc.stats(0)?.cache_misses } else { warm };
     }
 
@@ -148,7 +153,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     std::fs::write("target/mlp-snapshot.json", &snapshot)?;
     println!("snapshot: target/mlp-snapshot.json (the planned buffer shows as 'activations')");
     let errors = app_errors.load(Ordering::SeqCst);
-    if worst > 1e-5 || errors > 0 || after > 0 || !snapshot.contains("\"activations\"") {
+    if !compare::within(worst, 1e-5) || errors > 0 || after > 0 || !snapshot.contains("\"activations\"") {
         return Err(format!("error {worst}, {errors} app errors, {after} allocations after warm-up").into());
     }
     drop((acts, params));

@@ -7,9 +7,15 @@
 //! FILE.csv: `id,lower,upper,size` (a buffer live from step `lower` up to, not including,
 //! `upper`). `--budget-ms N` bounds the search per file (default 10000); 0 runs the fast
 //! heuristic alone. `--out DIR` writes each plan as `DIR/NAME` in MiniMalloc's output format
-//! (`id,lower,upper,size,offset`). Each file's report ends with one line scripts can read:
+//! (`id,lower,upper,size,offset`). Each file's report ends with one line scripts can read
+//! (devalloc's plan: the search's where it ran; `optimal`: at the lower bound, or proven
+//! optimal by the search; `fits`: within the capacity a MiniMalloc name gives, `NAME.CAPACITY.csv`):
 //!
-//!     plan: file=NAME buffers=N lower_bound=N size=N ratio=X ms=N valid=yes|no
+//!     plan: file=NAME buffers=N lower_bound=N size=N ratio=X ms=N valid=yes|no optimal=yes|no [fits=yes|no]
+//!
+//! The run fails (exit 1) if any method's plan, a peer's included, is invalid or fails; with
+//! `--expect-optimal N`, unless exactly N of the files' plans are optimal; with `--expect-fit`,
+//! unless every plan fits the capacity its file's name gives.
 #[path = "support/logging.rs"]
 mod logging;
 
@@ -23,10 +29,19 @@ struct Args {
     out: Option<String>,
     budget_ms: u64,
     alignment: u64,
+    expect_optimal: Option<u64>,
+    expect_fit: bool,
 }
 
 fn parse() -> Result<Args, String> {
-    let mut args = Args { files: Vec::new(), out: None, budget_ms: 10_000, alignment: 1 };
+    let mut args = Args {
+        files: Vec::new(),
+        out: None,
+        budget_ms: 10_000,
+        alignment: 1,
+        expect_optimal: None,
+        expect_fit: false,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         let mut number = |what: &str| -> Result<u64, String> {
@@ -36,6 +51,8 @@ fn parse() -> Result<Args, String> {
         match a.as_str() {
             "--budget-ms" => args.budget_ms = number("--budget-ms")?,
             "--alignment" => args.alignment = number("--alignment")?,
+            "--expect-optimal" => args.expect_optimal = Some(number("--expect-optimal")?),
+            "--expect-fit" => args.expect_fit = true,
             "--out" => args.out = Some(it.next().ok_or("--out needs a folder")?),
             f if !f.starts_with("--") => args.files.push(f.to_string()),
             other => return Err(format!("unknown option {other}")),
@@ -47,12 +64,27 @@ fn parse() -> Result<Args, String> {
     Ok(args)
 }
 
-/// One method's plan and time; `valid` is the planner's own check of the placement.
+/// One method's plan and time; `invalid` is what the planner's own check of the placement
+/// found wrong (None: a valid plan).
 struct Row {
     method: String,
     plan: devalloc::Result<MemoryPlan>,
     ms: f64,
-    valid: bool,
+    invalid: Option<String>,
+}
+
+/// What one file's plans came to: devalloc's plan optimal, within the capacity the file's
+/// name gives (None: it gives none), and every method's plan valid.
+struct Outcome {
+    optimal: bool,
+    fits: Option<bool>,
+    all_valid: bool,
+}
+
+/// The capacity in a MiniMalloc file's name (`A.1048576.csv`), if it has one.
+fn capacity(name: &str) -> Option<u64> {
+    let stem = name.strip_suffix(".csv")?;
+    stem.rsplit_once('.')?.1.parse().ok()
 }
 
 fn measure(
@@ -64,12 +96,16 @@ fn measure(
     let t = Instant::now();
     let plan = f();
     let ms = t.elapsed().as_secs_f64() * 1e3;
-    let valid = plan.as_ref().is_ok_and(|p| check(tensors, alignment, p.offsets(), p.size()).is_ok());
-    Row { method, plan, ms, valid }
+    let invalid = match &plan {
+        Ok(p) => check(tensors, alignment, p.offsets(), p.size()).err().map(|e| e.to_string()),
+        Err(e) => Some(format!("no plan: {e}")),
+    };
+    Row { method, plan, ms, invalid }
 }
 
-/// Plans one file; returns whether its plan was valid.
-fn one(path: &str, args: &Args) -> Result<bool, String> {
+/// Plans one file with every method and prints the report; an invalid plan (anyone's) is said
+/// on stderr.
+fn one(path: &str, args: &Args) -> Result<Outcome, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
     let name =
         std::path::Path::new(path).file_name().map_or(path.into(), |n| n.to_string_lossy().into_owned());
@@ -97,10 +133,13 @@ fn one(path: &str, args: &Args) -> Result<bool, String> {
                 p.size(),
                 p.size() as f64 / lb.max(1) as f64,
                 r.ms,
-                if r.valid { "yes" } else { "NO" },
+                if r.invalid.is_none() { "yes" } else { "NO" },
                 if p.is_optimal() { " (optimal)" } else { "" }
             ),
             Err(e) => println!("  {:<34} error: {e}", r.method),
+        }
+        if let Some(why) = &r.invalid {
+            eprintln!("plan: {name}: {}'s plan is invalid: {why}", r.method);
         }
     }
     // The chosen mode's result: the search where it ran, else the fast heuristic.
@@ -111,15 +150,19 @@ fn one(path: &str, args: &Args) -> Result<bool, String> {
         let out = std::path::Path::new(dir).join(&name);
         std::fs::write(&out, inst.to_csv(p.offsets())).map_err(|e| format!("{}: {e}", out.display()))?;
     }
+    let yes = |b: bool| if b { "yes" } else { "no" };
+    let fits = capacity(&name).map(|c| p.size() <= c);
     println!(
-        "plan: file={name} buffers={} lower_bound={lb} size={} ratio={:.4} ms={:.0} valid={}",
+        "plan: file={name} buffers={} lower_bound={lb} size={} ratio={:.4} ms={:.0} valid={} optimal={}{}",
         t.len(),
         p.size(),
         p.size() as f64 / lb.max(1) as f64,
         chosen.ms,
-        if chosen.valid { "yes" } else { "no" }
+        yes(chosen.invalid.is_none()),
+        yes(p.is_optimal()),
+        fits.map_or(String::new(), |f| format!(" fits={}", yes(f)))
     );
-    Ok(chosen.valid)
+    Ok(Outcome { optimal: p.is_optimal(), fits, all_valid: rows.iter().all(|r| r.invalid.is_none()) })
 }
 
 fn main() -> ExitCode {
@@ -131,14 +174,30 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let mut ok = true;
+    let (mut ok, mut optimal) = (true, 0u64);
     for path in &args.files {
         match one(path, &args) {
-            Ok(valid) => ok &= valid,
+            Ok(o) => {
+                ok &= o.all_valid;
+                optimal += u64::from(o.optimal);
+                if args.expect_fit && o.fits != Some(true) {
+                    eprintln!(
+                        "plan: {path}: the plan does not fit the capacity its name gives (or it gives none)"
+                    );
+                    ok = false;
+                }
+            }
             Err(e) => {
                 eprintln!("plan: {e}");
                 ok = false;
             }
+        }
+    }
+    println!("plan: {optimal} of {} plans optimal (at the lower bound, or proven so)", args.files.len());
+    if let Some(want) = args.expect_optimal {
+        if optimal != want {
+            eprintln!("plan: {optimal} of {} plans optimal, expected {want}", args.files.len());
+            ok = false;
         }
     }
     if ok {

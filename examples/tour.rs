@@ -120,7 +120,7 @@ fn main() {
         }
     }
     if failures > 0 {
-        eprintln!("\n{failures} device(s) failed the round trip");
+        eprintln!("\n{failures} failure(s): a round trip, a workload or the KV cache (above)");
         std::process::exit(1);
     }
     println!("\nevery device round-tripped its data");
@@ -167,7 +167,10 @@ fn round_trip(
 /// six steps whose activations come and go layer by layer, under new labels each step. The
 /// round trip's buffers are not the workload's: their cache is given back first. Prints, per
 /// step, what is live and reserved and how many blocks were asked of the device, then the
-/// steady state: reserved in the steps after the first over the workload's peak live.
+/// steady state: reserved in the steps after the first over the workload's peak live, and one
+/// `tour:` line of the same figures for `scripts/check-replay --readme` (the README's table).
+/// Fails if any step after the first asks the device for a block: a workload that repeats
+/// settles.
 fn workload(alloc: &'static dyn DeviceAllocator, index: DeviceIndex) -> devalloc::Result<()> {
     let device = devalloc::Device::new(alloc.device_type(), index);
     alloc.empty_cache();
@@ -179,6 +182,7 @@ fn workload(alloc: &'static dyn DeviceAllocator, index: DeviceIndex) -> devalloc
     let plan = devalloc::PlannedMemory::new(alloc, &[512 << 10, 128 << 10], index)?;
     let (mut peak_live, mut steady_reserved) = (0u64, 0u64);
     let mut line = format!("{device}: workload, per step (live / reserved, device allocations):");
+    let (mut lives, mut reserveds, mut allocs) = (Vec::new(), Vec::new(), Vec::new());
     for step in 0..6 {
         let input =
             alloc.allocate_labeled(256 << 10, index, DEFAULT_ALIGNMENT, &format!("input.step{step}"))?;
@@ -206,12 +210,11 @@ fn workload(alloc: &'static dyn DeviceAllocator, index: DeviceIndex) -> devalloc
         alloc.copy_device_to_host(&mut out, prev, index)?;
         alloc.deallocate(prev, index)?;
         let s = alloc.stats(index)?;
-        line += &format!(
-            " {}/{} {}",
-            human(step_peak as usize),
-            human(s.reserved_bytes as usize),
-            s.cache_misses - start.cache_misses
-        );
+        let asked = s.cache_misses - start.cache_misses;
+        line += &format!(" {}/{} {asked}", human(step_peak as usize), human(s.reserved_bytes as usize));
+        lives.push(step_peak.to_string());
+        reserveds.push(s.reserved_bytes.to_string());
+        allocs.push(asked);
     }
     println!("{line}");
     if peak_live > 0 && steady_reserved > 0 {
@@ -221,6 +224,19 @@ fn workload(alloc: &'static dyn DeviceAllocator, index: DeviceIndex) -> devalloc
             human(peak_live as usize),
             steady_reserved as f64 / peak_live as f64
         );
+    }
+    let counts: Vec<String> = allocs.iter().map(u64::to_string).collect();
+    println!(
+        "tour: device={device} live={} reserved={} allocs={} steady_reserved={steady_reserved} peak_live={peak_live}",
+        lives.join(","),
+        reserveds.join(","),
+        counts.join(",")
+    );
+    if allocs.iter().any(|&n| n != allocs[0]) {
+        return Err(devalloc::Error::invalid_argument(format!(
+            "{device}: the workload asked the device for blocks after its first step (total after each step: {})",
+            counts.join(" ")
+        )));
     }
     drop(plan);
     for w in weights {
@@ -232,7 +248,9 @@ fn workload(alloc: &'static dyn DeviceAllocator, index: DeviceIndex) -> devalloc
 /// A decode loop's KV cache, growing a MiB a step from 1 to 16 MiB, each step's copied from
 /// the last: with no limit set, the pool's budget gives back the sizes the loop stopped asking
 /// for (the snapshot's timeline shows reserved falling there), where a cache that kept every
-/// freed block would hold 120 MiB of them.
+/// freed block would hold 120 MiB of them. Fails unless the pool held at most its budget (an
+/// eighth over the most bytes live at once, a little more for rounding) all the way: more
+/// would mean older sizes were kept.
 fn growing(alloc: &'static dyn DeviceAllocator, index: DeviceIndex) -> devalloc::Result<()> {
     let device = devalloc::Device::new(alloc.device_type(), index);
     let mut kv = alloc.allocate_labeled(1 << 20, index, DEFAULT_ALIGNMENT, "kv.step0")?;
@@ -247,12 +265,23 @@ fn growing(alloc: &'static dyn DeviceAllocator, index: DeviceIndex) -> devalloc:
     }
     let s = alloc.stats(index)?;
     alloc.deallocate(kv, index)?;
-    println!(
-        "{device}: a KV cache growing to 16 MiB: at most {} reserved, {} at the end ({} cached); the older sizes were given back",
+    // The budget: the live high-water mark (here the loop's last two sizes, 31 MiB) plus an
+    // eighth; 1% more for the backends' rounding of each block.
+    let budget = s.peak_allocated_bytes as f64 * 1.125 * 1.01;
+    let held = format!(
+        "{device}: a KV cache growing to 16 MiB: at most {} reserved, {} at the end ({} cached), {:.3}x the most live at once ({})",
         human(peak_reserved as usize),
         human(s.reserved_bytes as usize),
-        human(s.cached_bytes as usize)
+        human(s.cached_bytes as usize),
+        peak_reserved as f64 / s.peak_allocated_bytes.max(1) as f64,
+        human(s.peak_allocated_bytes as usize)
     );
+    if peak_reserved as f64 > budget {
+        return Err(devalloc::Error::invalid_argument(format!(
+            "{held}: over the budget (1.125x): older sizes were kept"
+        )));
+    }
+    println!("{held}: within the budget (1.125x), so the older sizes were given back");
     Ok(())
 }
 

@@ -10,7 +10,7 @@
 //! |---|---|---|
 //! | [`HostAllocator`] | `cpu` | always |
 //! | [`wgpu::WgpuAllocator`] | `vulkan`, `metal`, `dx12`, `gl`, `webgpu` | `vulkan`, `metal`, `dx12`, `gles`, `webgpu` (default), `webgl` |
-//! | `cuda::CudaAllocator` | `cuda` | `cuda` (native; the driver is loaded at run time) |
+//! | `cuda::CudaAllocator` | `cuda` | `cuda` (native; the driver is loaded at run time; never yet run on a GPU) |
 //!
 //! devalloc speaks wgpu 30 (re-exported as `devalloc::wgpu::api`); an app that uses wgpu
 //! itself depends on the same major version. `default-features = false, features = ["vulkan"]`

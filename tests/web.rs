@@ -52,7 +52,7 @@ fn webgpu_tiny() -> conformance::Made {
 /// only run in a browser that was started with WebGPU enabled).
 mod webgpu {
     use super::*;
-    conformance_tests!(webgpu, conformance::Need::Always);
+    conformance_tests!(webgpu, conformance::Need::Always, conformance::Caching::On);
 
     #[wasm_bindgen_test]
     async fn model_check() {
@@ -67,7 +67,7 @@ mod webgpu {
 
 mod host {
     use super::*;
-    conformance_tests!(host, conformance::Need::Always);
+    conformance_tests!(host, conformance::Need::Always, conformance::Caching::On);
 }
 
 async fn open() -> &'static WgpuAllocator {
@@ -238,12 +238,17 @@ mod destroyed_from_js {
         })
     }
 
-    fn destroy_from_js(a: &WgpuAllocator) {
+    /// Delivered once the device's `lost` promise has resolved (at once after a second call).
+    fn destroy_from_js(a: &WgpuAllocator) -> loss::Delivered {
         let device = a.device(0).unwrap().as_webgpu().expect("a WebGPU device");
         let raw: &JsValue = device.as_ref();
+        let lost: js_sys::Promise = js_sys::Reflect::get(raw, &"lost".into()).unwrap().dyn_into().unwrap();
         let destroy: js_sys::Function =
             js_sys::Reflect::get(raw, &"destroy".into()).unwrap().dyn_into().unwrap();
         destroy.call0(raw).unwrap();
+        Box::pin(async move {
+            wasm_bindgen_futures::JsFuture::from(lost).await.expect("the device's lost promise");
+        })
     }
 
     #[wasm_bindgen_test]

@@ -31,7 +31,7 @@ thread_local! {
 /// One WebGL2 device for the whole suite, opened once: wasm-bindgen-test runs every test at
 /// the same time, and a browser keeps only about 16 WebGL contexts alive (past that it loses
 /// the oldest), so each test adopts this device with an allocator of its own
-/// (`WgpuAllocator::from_device_with`) instead of opening a context.
+/// (`WgpuAllocator::from_device_with_options`) instead of opening a context.
 async fn device() -> Gpu {
     let opening = DEVICE.with_borrow_mut(|d| {
         d.get_or_insert_with(|| {
@@ -75,7 +75,7 @@ fn webgl_tiny() -> conformance::Made {
 /// Headless Chromium always offers WebGL2 (on SwiftShader): a missing adapter fails.
 mod webgl {
     use super::*;
-    conformance_tests!(webgl, conformance::Need::Always);
+    conformance_tests!(webgl, conformance::Need::Always, conformance::Caching::On);
 
     #[wasm_bindgen_test]
     async fn model_check() {
@@ -184,8 +184,10 @@ mod context_lost {
         })
     }
 
+    /// Delivered once the canvas's `webglcontextlost` event has fired (at once where the
+    /// context was lost already: a second loss fires no event).
     #[allow(unsafe_code)]
-    fn lose_context(a: &WgpuAllocator) {
+    fn lose_context(a: &WgpuAllocator) -> loss::Delivered {
         // SAFETY: only the context's JS handle is cloned out of the hal device; nothing is
         // called on the hal device.
         let gl = unsafe { a.device(0).unwrap().as_hal::<wgpu::hal::api::Gles>() }
@@ -205,7 +207,25 @@ mod context_lost {
             EXTENSIONS.with_borrow_mut(|k| k.push((gl.clone(), ext.clone())));
             ext
         });
+        let delivered = match get(gl, "isContextLost").call0(gl).unwrap().as_bool() {
+            Some(true) => None,
+            _ => {
+                // Listening before the loss: the event is fired in a task of its own, after this.
+                let canvas = js_sys::Reflect::get(gl, &"canvas".into()).unwrap();
+                let once = js_sys::Object::new();
+                js_sys::Reflect::set(&once, &"once".into(), &true.into()).unwrap();
+                Some(js_sys::Promise::new(&mut |resolve, _| {
+                    let listen = get(&canvas, "addEventListener");
+                    listen.call3(&canvas, &"webglcontextlost".into(), &resolve, &once).unwrap();
+                }))
+            }
+        };
         get(&ext, "loseContext").call0(&ext).unwrap();
+        Box::pin(async move {
+            if let Some(event) = delivered {
+                wasm_bindgen_futures::JsFuture::from(event).await.expect("webglcontextlost");
+            }
+        })
     }
 
     thread_local! {

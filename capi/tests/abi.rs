@@ -241,18 +241,6 @@ fn names_versions_counts_and_other_types() {
 }
 
 #[test]
-fn the_log_goes_to_stderr_at_a_level() {
-    let _cpu = cpu();
-    assert_eq!(devalloc_log_to_stderr(6), DevallocStatus::InvalidArgument);
-    assert_eq!(devalloc_log_to_stderr(-1), DevallocStatus::InvalidArgument);
-    assert_eq!(devalloc_log_to_stderr(DevallocLogLevel::Error as i32), OK);
-    assert_eq!(log::max_level(), log::LevelFilter::Error);
-    assert_eq!(devalloc_selftest_panic(), DevallocStatus::Internal); // and logged as an error
-    assert_eq!(devalloc_log_to_stderr(DevallocLogLevel::Off as i32), OK);
-    assert_eq!(log::max_level(), log::LevelFilter::Off);
-}
-
-#[test]
 #[cfg_attr(miri, ignore = "opens a driver library")]
 fn cuda_opens_or_says_why_not() {
     let cuda = DevallocDeviceType::Cuda as i32;

@@ -1,6 +1,7 @@
 //! What the benchmark's parts share: methods run interleaved round by round, medians, tables.
 #![allow(dead_code)]
 
+use std::cell::Cell;
 use std::time::{Duration, Instant};
 
 pub(crate) const KIB: usize = 1 << 10;
@@ -51,6 +52,37 @@ impl<'a> Method<'a> {
     }
 }
 
+thread_local! {
+    /// Time spent in [`untimed`] sections so far (this thread's).
+    static UNTIMED: Cell<Duration> = const { Cell::new(Duration::ZERO) };
+}
+
+/// Runs `f` inside a timed call without counting its time: for checking a result that only
+/// exists in the middle of a call (a write into a buffer the call then frees).
+pub(crate) fn untimed<T>(f: impl FnOnce() -> T) -> T {
+    let t = Instant::now();
+    let r = f();
+    UNTIMED.with(|u| u.set(u.get() + t.elapsed()));
+    r
+}
+
+/// Which of two data sets a method's last call sent: each call sends the other one, so an
+/// upload that did nothing leaves the previous data and fails its check.
+#[derive(Default)]
+pub(crate) struct Alternate(Cell<usize>);
+
+impl Alternate {
+    /// Flips to the other data set and returns its index (0 or 1).
+    pub fn next(&self) -> usize {
+        self.0.set(self.0.get() ^ 1);
+        self.0.get()
+    }
+    /// The index the last call sent.
+    pub fn last(&self) -> usize {
+        self.0.get()
+    }
+}
+
 /// Medians (and the first, cold, call) of each method.
 pub(crate) struct Timings {
     pub names: Vec<&'static str>,
@@ -69,30 +101,42 @@ impl Timings {
             .min_by_key(|&i| self.median[i])?;
         Some((self.median[best].as_secs_f64() / self.median[ours].as_secs_f64(), self.names[best]))
     }
+
+    /// The median of the method named `name`.
+    pub fn of(&self, name: &str) -> Duration {
+        let i = self.names.iter().position(|n| *n == name).unwrap_or_else(|| panic!("no method {name}"));
+        self.median[i]
+    }
+}
+
+/// One timed call of `m`, less its [`untimed`] sections.
+fn timed(m: &mut Method<'_>) -> Duration {
+    (m.prepare)();
+    let before = UNTIMED.with(Cell::get);
+    let t = Instant::now();
+    (m.run)();
+    let took = t.elapsed();
+    took.saturating_sub(UNTIMED.with(Cell::get) - before)
 }
 
 /// Runs every method `reps` times, interleaved round by round (each round in a rotated order,
-/// so no method always runs right after another), after one cold call each. Panics when a
-/// result is wrong: a figure for a wrong result is no figure.
+/// so no method always runs right after another), after one cold call each. Every call is
+/// verified (untimed), right after it. Panics when a result is wrong: a figure for a wrong
+/// result is no figure. A check should allocate nothing (see `peers::Readback`): on a
+/// software GPU, memory a check allocates and frees changes what the next timed call meets.
 pub(crate) fn interleave(methods: &mut [Method<'_>], reps: usize) -> Timings {
     let n = methods.len();
     let mut times = vec![Vec::with_capacity(reps); n];
     let mut cold = Vec::with_capacity(n);
     for m in methods.iter_mut() {
-        (m.prepare)();
-        let t = Instant::now();
-        (m.run)();
-        cold.push(t.elapsed());
+        cold.push(timed(m));
         assert!((m.verify)(), "{}: wrong result on the first call", m.name);
     }
     for round in 0..reps {
         for k in 0..n {
             let i = (k + round) % n;
             let m = &mut methods[i];
-            (m.prepare)();
-            let t = Instant::now();
-            (m.run)();
-            times[i].push(t.elapsed());
+            times[i].push(timed(m));
             assert!((m.verify)(), "{}: wrong result in round {round}", m.name);
         }
     }

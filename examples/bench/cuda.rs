@@ -154,7 +154,7 @@ fn device(a: &CudaAllocator, index: DeviceIndex, quick: bool) {
     let stream = ctx.new_stream().expect("stream");
     // The short tables first: if the step runs out of time, only the largest rows are lost.
     alloc_cycle(a, index, &ctx, &stream, quick);
-    threshold(index, quick);
+    threshold(index, &ctx, &stream, quick);
     let max = *sizes(quick).last().unwrap();
     let data = pattern(max);
     // SAFETY: the pinned buffer is written before it is read.
@@ -297,8 +297,9 @@ fn downloads(
 }
 
 /// Where staging wins: devalloc with every copy staged against devalloc with none (the
-/// driver's own copy from pageable memory), at the sizes around the threshold.
-fn threshold(index: DeviceIndex, quick: bool) {
+/// driver's own copy from pageable memory), at the sizes around the threshold. Every upload
+/// lands on zeroed memory and is read back, untimed; every download is compared.
+fn threshold(index: DeviceIndex, ctx: &CudaContext, stream: &CudaStream, quick: bool) {
     let sizes: &[usize] = if quick { &[MIB, 4 * MIB] } else { &[MIB, 2 * MIB, 4 * MIB, 8 * MIB, 16 * MIB] };
     let max = *sizes.last().unwrap();
     let base = CopyTuning::default();
@@ -318,13 +319,20 @@ fn threshold(index: DeviceIndex, quick: bool) {
     );
     let data = pattern(max);
     let (ps, pd) = (staged.allocate(max, index, 256).unwrap(), direct.allocate(max, index, 256).unwrap());
-    let backs = [0, 1].map(|_| RefCell::new(vec![0u8; max]));
+    let backs = [0, 1, 2].map(|_| RefCell::new(vec![0u8; max]));
     for &size in sizes {
         let d = &data[..size];
         let n = reps(size, quick);
+        let back = &backs[2];
+        let verify = |addr| move || holds(ctx, &mut back.borrow_mut()[..size], addr, d);
         let mut up = vec![
-            Method::new("staged", || staged.copy_host_to_device(ps, black_box(d), index).unwrap()).ours(),
-            Method::new("direct", || direct.copy_host_to_device(pd, black_box(d), index).unwrap()),
+            Method::new("staged", || staged.copy_host_to_device(ps, black_box(d), index).unwrap())
+                .ours()
+                .prepare(|| zero(stream, ps.addr(), size))
+                .verify(verify(ps.addr())),
+            Method::new("direct", || direct.copy_host_to_device(pd, black_box(d), index).unwrap())
+                .prepare(|| zero(stream, pd.addr(), size))
+                .verify(verify(pd.addr())),
         ];
         let tu = interleave(&mut up, n);
         let mut down = vec![

@@ -55,15 +55,19 @@ pub fn run(label: &str, a: &dyn DeviceAllocator, max: u64, quick: bool) {
     let sizes = [MIB, 16 * MIB, 64 * MIB, 256 * MIB];
     for &n in sizes.iter().take(if quick { 2 } else { 4 }).filter(|&&n| n as u64 <= max) {
         let reps = if n >= 64 * MIB { 3 } else { 7 };
-        let data: Vec<u8> = (0..n).map(|i| (i as u8).wrapping_mul(13) ^ (i >> 16) as u8).collect();
+        // Two data sets, alternating: an upload that did nothing leaves the other one, and the
+        // download after it (into a cleared buffer) shows it.
+        let data: [Vec<u8>; 2] =
+            [13u8, 29].map(|k| (0..n).map(|i| (i as u8).wrapping_mul(k) ^ (i >> 16) as u8).collect());
         let p = a.allocate(n, 0, DEFAULT_ALIGNMENT).expect("allocate");
         let mut back = vec![0u8; n];
         let (mut down, mut up) = (Vec::new(), Vec::new());
-        for _ in 0..reps {
-            up.push(measure(a.copy_host_to_device_async(p, &data, 0)));
+        for rep in 0..reps {
+            let sent = &data[rep % 2];
+            up.push(measure(a.copy_host_to_device_async(p, sent, 0)));
             back.fill(0);
             down.push(measure(a.copy_device_to_host_async(&mut back, p, 0)));
-            assert!(back == data, "{label}: an async round trip of {} differs", human(n));
+            assert!(back == *sent, "{label}: an async round trip of {} differs", human(n));
         }
         a.deallocate(p, 0).expect("free");
         let col = |v: &[(Duration, Duration, usize)]| {

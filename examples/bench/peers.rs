@@ -75,6 +75,43 @@ pub fn fresh_download(device: &wgpu::Device, queue: &wgpu::Queue, src: &wgpu::Bu
     copy_out(device, queue, src, &staging, dst);
 }
 
+/// How the bench checks what an upload left, untimed: one `MAP_READ` buffer made before the
+/// timed calls, compared in place. It allocates nothing while the bench runs (no device
+/// buffer, no host vector: on a software GPU either would change what the next timed call
+/// meets, through the driver's memory or the C allocator's) and goes through no one's staging.
+pub struct Readback {
+    staging: wgpu::Buffer,
+}
+
+impl Readback {
+    /// A readback of up to `size` bytes.
+    pub fn new(device: &wgpu::Device, size: usize) -> Self {
+        Readback {
+            staging: buffer(device, size, wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST),
+        }
+    }
+
+    /// Whether `want.len()` bytes of `src` from `offset` equal `want`.
+    pub fn holds(
+        &self,
+        device: &wgpu::Device,
+        queue: &wgpu::Queue,
+        src: &wgpu::Buffer,
+        offset: u64,
+        want: &[u8],
+    ) -> bool {
+        let n = want.len() as u64;
+        let mut enc = device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(src, offset, &self.staging, 0, n);
+        queue.submit([enc.finish()]);
+        self.staging.map_async(wgpu::MapMode::Read, 0..n, |r| r.expect("map"));
+        wait(device);
+        let same = *self.staging.get_mapped_range(0..n).expect("mapped") == *want;
+        self.staging.unmap();
+        same
+    }
+}
+
 /// One `MAP_READ` buffer, reused by every download.
 pub struct Reused {
     staging: wgpu::Buffer,
@@ -118,6 +155,17 @@ pub fn map_write(device: &wgpu::Device, b: &wgpu::Buffer, data: &[u8]) {
     wait(device);
     b.get_mapped_range_mut(0..n).expect("mapped").copy_from_slice(data);
     b.unmap();
+}
+
+/// Whether a mappable buffer holds `want` at its start: mapped and compared in place, on the
+/// host alone (no device copy, nothing allocated).
+pub fn map_holds(device: &wgpu::Device, b: &wgpu::Buffer, want: &[u8]) -> bool {
+    let n = want.len() as u64;
+    b.map_async(wgpu::MapMode::Read, 0..n, |r| r.expect("map"));
+    wait(device);
+    let same = *b.get_mapped_range(0..n).expect("mapped") == *want;
+    b.unmap();
+    same
 }
 
 pub fn map_read(device: &wgpu::Device, b: &wgpu::Buffer, dst: &mut [u8]) {

@@ -1,13 +1,15 @@
 //! The wgpu half of the benchmark, per call: 4-byte read latency, allocation cycles and the
-//! cost of devalloc's checks.
-use std::cell::RefCell;
+//! cost of devalloc's checks. Every copy is verified: each 4-byte read into a cleared
+//! destination, each first-use write read back before its buffer goes.
+use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::time::{Duration, Instant};
 
 use devalloc::wgpu::{WgpuAllocator, WgpuOptions};
-use devalloc::{DeviceAllocator, PoolOptions, DEFAULT_ALIGNMENT};
+use devalloc::{DeviceAllocator, DevicePtr, PoolOptions, DEFAULT_ALIGNMENT};
 
-use crate::common::{human, interleave, reps, Method, KIB, MIB};
+use crate::common::{human, interleave, reps, untimed, Method, KIB, MIB};
+use crate::goals::{self, Bound};
 use crate::peers;
 
 pub fn latency(staged: &WgpuAllocator, direct: Option<&WgpuAllocator>, quick: bool) {
@@ -76,6 +78,13 @@ pub fn latency(staged: &WgpuAllocator, direct: Option<&WgpuAllocator>, quick: bo
     }
     let (r, peer) = t.ratio().unwrap();
     println!("{}  staged: {r:.2}x {peer}", line.trim_end_matches(','));
+    let vs_reused = t.of("devalloc staged").as_secs_f64() / t.of("reused MAP_READ").as_secs_f64();
+    goals::hold(
+        "latency",
+        format!("{} 4-byte download time vs reused MAP_READ", staged.device_type()),
+        vs_reused,
+        Bound::AtMost(1.05),
+    );
     staged.deallocate(ours, 0).unwrap();
     if let Some((d, _, _, p)) = direct_bits {
         d.deallocate(p, 0).unwrap();
@@ -134,30 +143,56 @@ pub fn alloc_cycle(a: &WgpuAllocator, quick: bool) {
             .ceiling(),
         ];
         let tb = interleave(&mut bare, n);
+        // Each first use is a 4-byte write, read back before the free (untimed: the readback
+        // waits for the device, so the write's own work is done there, for every method alike).
+        // Each call writes other bytes than the last, so a write that did nothing fails.
+        let (stamp, bad) = (Cell::new(0u8), Cell::new(0usize));
+        let next = || {
+            stamp.set(stamp.get().wrapping_add(1));
+            [stamp.get(), 2, 3, 4]
+        };
+        let check = |got: [u8; 4]| bad.set(bad.get() + usize::from(got != [stamp.get(), 2, 3, 4]));
+        let ours_holds = |x: &WgpuAllocator, p: DevicePtr| {
+            untimed(|| {
+                let mut got = [0u8; 4];
+                x.copy_device_to_host(&mut got, p, 0).unwrap();
+                check(got);
+            })
+        };
         let mut used = vec![
             Method::new("create+write", || {
                 let b = peers::buffer(device, size, usage);
-                queue.write_buffer(&b, 0, &[1, 2, 3, 4]);
+                queue.write_buffer(&b, 0, &next());
+                untimed(|| {
+                    let mut got = [0u8; 4];
+                    peers::fresh_download(device, queue, &b, &mut got);
+                    check(got);
+                });
                 drop(b);
                 queue.submit([]);
                 settle();
-            }),
+            })
+            .verify(|| bad.get() == 0),
             Method::new("devalloc", || {
                 let p = a.allocate(size, 0, DEFAULT_ALIGNMENT).unwrap();
-                a.copy_host_to_device(p, &[1, 2, 3, 4], 0).unwrap();
+                a.copy_host_to_device(p, &next(), 0).unwrap();
+                ours_holds(a, p);
                 a.deallocate(p, 0).unwrap();
                 queue.submit([]);
                 settle();
             })
-            .ours(),
+            .ours()
+            .verify(|| bad.get() == 0),
             Method::new("no cache", || {
                 let p = uncached.allocate(size, 0, DEFAULT_ALIGNMENT).unwrap();
-                uncached.copy_host_to_device(p, &[1, 2, 3, 4], 0).unwrap();
+                uncached.copy_host_to_device(p, &next(), 0).unwrap();
+                ours_holds(&uncached, p);
                 uncached.deallocate(p, 0).unwrap();
                 queue.submit([]);
                 settle();
             })
-            .ceiling(),
+            .ceiling()
+            .verify(|| bad.get() == 0),
         ];
         let tu = interleave(&mut used, n);
         queue.submit([]);
@@ -174,6 +209,14 @@ pub fn alloc_cycle(a: &WgpuAllocator, quick: bool) {
             per(tu.median[1]),
             per(tu.median[2]),
             tu.ratio().unwrap().0
+        );
+        // Cached allocate + free against create_buffer + drop (as time: > 1 is slower).
+        let vs_create = tb.of("devalloc").as_secs_f64() / tb.of("create_buffer").as_secs_f64();
+        goals::hold(
+            "alloc",
+            format!("{} allocate+free {} time vs create_buffer+drop", a.device_type(), human(size)),
+            vs_create,
+            Bound::AtMost(1.0),
         );
     }
 }

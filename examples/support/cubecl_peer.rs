@@ -53,6 +53,42 @@ use devalloc::replay::{Trace, TraceEvent};
 /// cubecl-wgpu's `MIN_BUFFER_SIZE`: no wgpu buffer it makes is smaller.
 const MIN_BUFFER_SIZE: u64 = 32;
 
+/// Why CubeCL's memory management did not replay a trace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CubeclError {
+    /// A request larger than CubeCL's largest page ([`largest_page`]), which it refuses by
+    /// design (`IoError::BufferTooBig`): a finding about the peer, not an error of the replay.
+    Refused {
+        /// The trace's step of the request.
+        step: u64,
+        /// The request, in bytes.
+        size: u64,
+        /// CubeCL's largest page, in bytes.
+        largest_page: u64,
+    },
+    /// Anything else: a refusal of a request its pages could hold, or the counting gone wrong.
+    /// Either means the model is wrong, not the trace: the replay fails.
+    Failed(String),
+}
+
+impl std::fmt::Display for CubeclError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CubeclError::Refused { step, size, largest_page } => write!(
+                f,
+                "CubeCL's pool: step {step}: {size} bytes refused, past its largest page ({largest_page} bytes)"
+            ),
+            CubeclError::Failed(e) => f.write_str(e),
+        }
+    }
+}
+
+/// CubeCL's largest page under cubecl-wgpu's default device properties (128 MiB): a request
+/// larger than this is one it refuses, and the only one.
+pub fn largest_page() -> u64 {
+    wgpu_properties(&wgpu::Limits::default()).max_page_size
+}
+
 /// What CubeCL's memory management held replaying a trace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CubeclReport {
@@ -198,12 +234,14 @@ fn memory_cleanup(memory: &mut MemoryManagement<CountingStorage>, failures: &mut
 ///
 /// # Errors
 ///
-/// An allocation CubeCL refuses (one larger than its 128 MiB pages may be), the counting
-/// storage deallocating what it does not hold, or a peak below the trace's lower bound (either
-/// means the model is wrong, not the trace).
-pub fn cubecl_replay(trace: &Trace) -> Result<CubeclReport, String> {
+/// [`CubeclError::Refused`] for a request larger than CubeCL's largest page (128 MiB), which
+/// it refuses; [`CubeclError::Failed`] for any other refusal, the counting storage
+/// deallocating what it does not hold, or a peak below the trace's lower bound (each means the
+/// model is wrong, not the trace).
+pub fn cubecl_replay(trace: &Trace) -> Result<CubeclReport, CubeclError> {
     let limits = wgpu::Limits::default();
     let properties = wgpu_properties(&limits);
+    let largest_page = properties.max_page_size;
     let storage = CountingStorage {
         alignment: properties.alignment as usize,
         held: HashMap::new(),
@@ -226,9 +264,16 @@ pub fn cubecl_replay(trace: &Trace) -> Result<CubeclReport, String> {
             TraceEvent::Alloc { id, size, .. } => {
                 // An id allocated again replaces what it held.
                 drop(live.remove(id));
-                let handle = reserve(&mut memory, *size, &mut failures).map_err(|e| {
-                    let e = e.to_string();
-                    format!("CubeCL's pool: step {step} (event {i}): {size} bytes refused: {}", e.trim_end())
+                let handle = reserve(&mut memory, *size, &mut failures).map_err(|e| match e {
+                    // Only a request past the largest page is CubeCL's to refuse.
+                    IoError::BufferTooBig { .. } if *size > largest_page => {
+                        CubeclError::Refused { step: *step, size: *size, largest_page }
+                    }
+                    e => CubeclError::Failed(format!(
+                        "CubeCL's pool: step {step} (event {i}): {size} bytes refused ({}), where only a \
+                         request past its largest page ({largest_page} bytes) is refused: the model is wrong",
+                        e.to_string().lines().next().unwrap_or_default()
+                    )),
                 })?;
                 live.insert(*id, handle);
             }
@@ -236,7 +281,7 @@ pub fn cubecl_replay(trace: &Trace) -> Result<CubeclReport, String> {
             TraceEvent::EmptyCache => memory_cleanup(&mut memory, &mut failures),
         }
         if let Some(e) = memory.storage().error.take() {
-            return Err(format!("CubeCL's pool: step {step} (event {i}): {e}"));
+            return Err(CubeclError::Failed(format!("CubeCL's pool: step {step} (event {i}): {e}")));
         }
     }
     drop(live);
@@ -244,10 +289,10 @@ pub fn cubecl_replay(trace: &Trace) -> Result<CubeclReport, String> {
     let report = CubeclReport { peak_reserved: storage.peak, allocations: storage.allocations };
     let lower_bound = trace.lower_bound();
     if report.peak_reserved < lower_bound {
-        return Err(format!(
+        return Err(CubeclError::Failed(format!(
             "CubeCL's pool: held at most {} bytes, below the lower bound {lower_bound}: the counting is wrong",
             report.peak_reserved
-        ));
+        )));
     }
     Ok(report)
 }

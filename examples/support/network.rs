@@ -13,6 +13,9 @@
 //!   a layer's input and output never alias.
 #![allow(dead_code)]
 
+#[path = "compare.rs"]
+mod compare;
+
 use devalloc::plan::{self, MemoryPlan, Strategy, TensorLife};
 use devalloc::wgpu::api as wgpu;
 use devalloc::wgpu::{Bind, BufferRequest, WgpuAllocator};
@@ -56,7 +59,7 @@ pub fn values(n: usize, seed: u32) -> Vec<f32> {
 
 /// What a run did: the largest difference from the CPU, and the plan of the activations.
 pub struct Report {
-    /// max |gpu - cpu| over the output.
+    /// max |gpu - cpu| over the output: NaN if any output (or its CPU value) is NaN.
     pub worst: f32,
     /// The activations' plan (offsets in the planned buffer, its size, the lower bound).
     pub plan: MemoryPlan,
@@ -165,8 +168,10 @@ pub async fn run(a: &WgpuAllocator, widths: &[usize], batch: usize) -> devalloc:
     queue.submit([enc.finish()]);
     let mut out = vec![0f32; batch * widths[layers]];
     a.copy_device_to_host_async(bytemuck::cast_slice_mut(&mut out), acts[layers], 0).await?;
-    let worst =
-        out.iter().zip(&cpu(&x, &host, batch, widths)).map(|(g, c)| (g - c).abs()).fold(0f32, f32::max);
+    // NaN if any output is NaN (the page's `maxError < 1e-3` then fails); a length mismatch
+    // or an empty output is an error, not a pass.
+    let worst = compare::max_abs_error(&out, &cpu(&x, &host, batch, widths))
+        .map_err(|e| devalloc::Error::invalid_argument(format!("the network's output: {e}")))?;
     drop(memory);
     for p in params.into_iter().flatten() {
         a.deallocate(p, 0)?;

@@ -281,6 +281,9 @@ try {
       console.log(`e2e: the page did not say the GPU was lost: ${e.message}`);
     }
     await take(); // a second loss
+    // Not a wait for an event: the check below is that a second loss fires NO second callback,
+    // and there is no event for a callback that never comes. The first loss is awaited above
+    // (the page's title); this pause is the window a wrongly repeated callback gets to show up.
     await page.waitForTimeout(500);
     lostResults = JSON.parse(await page.locator("#results").textContent()).lost || null;
     const calls = await page.evaluate(() => window.devalloc.lostCalls);

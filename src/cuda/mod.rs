@@ -1,5 +1,9 @@
 //! [`CudaAllocator`]: CUDA device memory through `cudarc` (feature `cuda`, native only).
 //!
+//! **Untested on hardware:** this backend has never run on an NVIDIA GPU. Its tests have run
+//! only on machines without one (where it must refuse cleanly); treat it as unproven until
+//! `scripts/gpu-bundle`'s run on a GPU says otherwise.
+//!
 //! The driver is loaded at run time, so the crate builds without a CUDA toolkit and runs on
 //! machines without a GPU: [`CudaAllocator::new`] first probes for `libcuda` (cudarc's own
 //! loader panics when it is missing) and returns [`Error::NotFound`] when there is no usable

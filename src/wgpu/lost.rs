@@ -21,7 +21,7 @@
 //!   loss itself.
 //! - **After a panic inside wgpu** ([`Loss::after_panic`]): a real driver-level loss makes
 //!   `Device::poll` panic, but so does a race inside wgpu-core 30.0.2 on a healthy device (see
-//!   `platform/native.rs`). A panic is a loss only once the probe says the device is invalid;
+//!   `platform/native/waits.rs`). A panic is a loss only once the probe says the device is invalid;
 //!   otherwise it is logged and the device keeps working.
 
 use std::sync::atomic::{AtomicBool, Ordering};

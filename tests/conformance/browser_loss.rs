@@ -11,11 +11,18 @@ use std::sync::{Arc, Mutex};
 
 use devalloc::wgpu::{BufferRequest, DeviceLostHandler, WgpuAllocator, WgpuOptions};
 use devalloc::{DeviceAllocator, DevicePtr, Error, DEFAULT_ALIGNMENT};
-use futures_util::future::{select, Either};
+use futures_util::future::{select, Either, LocalBoxFuture};
 use wasm_bindgen::JsCast;
 
-/// Takes the device of an allocator away, the way the browser would (a JS call, not wgpu's).
-pub type TakeAway = fn(&WgpuAllocator);
+/// Takes the device of an allocator away, the way the browser would (a JS call, not wgpu's), at
+/// once; the future it returns resolves once the browser has delivered the loss to every
+/// listener of it (WebGPU: the device's `lost` promise has resolved; WebGL2: the canvas's
+/// `webglcontextlost` event has fired, or the context was lost already), after which no report
+/// of that loss can still be on its way.
+pub type TakeAway = fn(&WgpuAllocator) -> Delivered;
+
+/// See [`TakeAway`].
+pub type Delivered = LocalBoxFuture<'static, ()>;
 
 /// Opens a fresh allocator of `backend` (a device of its own) with `options`.
 pub type Open = fn(WgpuOptions) -> devalloc::BoxFuture<'static, WgpuAllocator>;
@@ -140,16 +147,19 @@ pub async fn every_call_is_device_lost(a: &WgpuAllocator, p: DevicePtr, app: &Ap
     a.deallocate(p, 0).unwrap_or_else(|e| panic!("{what}: freeing after the loss: {e}"));
 }
 
-/// Waits (a few seconds at most) until the app has heard `n` times.
-async fn heard(h: &Heard, n: usize, what: &str) {
+/// Waits until the browser has delivered the loss (`delivered`: a second report would come from
+/// it) and the app has heard `n` times (a few seconds at most each), then checks that it heard
+/// exactly `n` times.
+async fn heard(h: &Heard, n: usize, what: &str, delivered: Delivered) {
+    within(&format!("{what}: the browser delivering the loss"), delivered).await;
+    // The tasks the delivery queued (wgpu's and devalloc's handlers) run before this one.
+    next_task().await;
     for _ in 0..200 {
         if h.count() >= n {
             break;
         }
         sleep(10).await;
     }
-    // A little longer, so that a second report would have arrived.
-    sleep(50).await;
     assert_eq!(h.count(), n, "{what}: the app's on_device_lost fired {} times: {:?}", h.count(), h.said());
 }
 
@@ -161,15 +171,15 @@ pub async fn taken_away_between_two_calls(open: Open, take_away: TakeAway, what:
     let p = a.allocate(64 << 10, 0, DEFAULT_ALIGNMENT).unwrap();
     within(what, a.copy_host_to_device_async(p, &[9u8; 64 << 10], 0)).await.unwrap();
     let app = AppBuffers::new(&a);
-    take_away(&a);
+    let delivered = take_away(&a);
     // No await in between: the browser has not run a single task since.
     lost(&format!("{what}: the first call after"), a.allocate(64, 0, DEFAULT_ALIGNMENT));
     every_call_is_device_lost(&a, p, &app, what).await;
-    heard(&h, 1, what).await;
-    take_away(&a); // a second loss
+    heard(&h, 1, what, delivered).await;
+    let delivered = take_away(&a); // a second loss
     next_task().await;
     lost(&format!("{what}: after a second loss"), a.allocate(64, 0, DEFAULT_ALIGNMENT));
-    heard(&h, 1, &format!("{what}, after a second loss")).await;
+    heard(&h, 1, &format!("{what}, after a second loss"), delivered).await;
 }
 
 /// The device is taken away while copies are in flight (a chunked download and a ragged write,
@@ -191,12 +201,13 @@ pub async fn taken_away_during_copies(open: Open, take_away: TakeAway, what: &st
     within(what, a.synchronize_async(0)).await.unwrap();
     let app = AppBuffers::new(&a);
     let mut back = vec![0u8; n];
+    let mut delivered = None;
     let (read, write) = {
         let read = a.copy_device_to_host_async(&mut back, p, 0);
         let write = a.copy_host_to_device_async(p.offset(n - 7).unwrap(), &[5u8; 3], 0);
         let loss = async {
             next_task().await;
-            take_away(&a);
+            delivered = Some(take_away(&a));
         };
         let ((read, write), ()) =
             within(what, futures_util::future::join(futures_util::future::join(read, write), loss)).await;
@@ -212,5 +223,5 @@ pub async fn taken_away_during_copies(open: Open, take_away: TakeAway, what: &st
     let q = a.allocate(64, 0, DEFAULT_ALIGNMENT);
     lost(&format!("{what}: a call after the copies"), q);
     every_call_is_device_lost(&a, p, &app, what).await;
-    heard(&h, 1, what).await;
+    heard(&h, 1, what, delivered.expect("taken away")).await;
 }

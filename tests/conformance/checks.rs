@@ -108,9 +108,15 @@ pub async fn stats(a: &'static dyn DeviceAllocator, i: DeviceIndex) {
     assert_eq!(s2.peak_allocated_bytes, s1.peak_allocated_bytes);
     assert_eq!(s2.deallocations, s1.deallocations + 1);
     // A failed call changes nothing.
-    assert!(a.deallocate(ptrs[1], i).is_err());
-    assert!(a.allocate(0, i, DEFAULT_ALIGNMENT).is_err());
-    assert!(a.allocate(usize::MAX / 2, i, DEFAULT_ALIGNMENT).is_err());
+    let e = a.deallocate(ptrs[1], i).unwrap_err();
+    assert!(
+        matches!(e, Error::InvalidPointer { problem: PointerProblem::Freed | PointerProblem::Unknown, .. }),
+        "double free: {e}"
+    );
+    let e = a.allocate(0, i, DEFAULT_ALIGNMENT).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "0 bytes: {e}");
+    let e = a.allocate(usize::MAX / 2, i, DEFAULT_ALIGNMENT).unwrap_err();
+    assert!(matches!(e, Error::TooLarge { .. } | Error::InvalidArgument { .. }), "usize::MAX / 2 bytes: {e}");
     let s3 = a.stats(i).unwrap();
     assert_eq!(s3, s2, "a failed call changed the stats");
     a.deallocate(ptrs[0], i).unwrap();
@@ -338,7 +344,8 @@ pub async fn raii_buffer(a: &'static dyn DeviceAllocator, i: DeviceIndex) {
         let values: Vec<f32> = (0..1000).map(|v| v as f32 * 0.5).collect();
         buf.write_pod(&values).unwrap();
         assert_eq!(buf.to_vec_async::<f32>().await.unwrap(), values);
-        assert!(buf.to_vec_async::<[u8; 3]>().await.is_err(), "4000 bytes are not whole 3-byte values");
+        let e = buf.to_vec_async::<[u8; 3]>().await.unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument { .. }), "4000 bytes are not whole 3-byte values: {e}");
         assert_eq!(a.stats(i).unwrap().live_allocations, live0 + 1);
         let moved = buf; // move-only: the moved-to value owns it
         assert_eq!(moved.size(), 4000);
@@ -377,11 +384,18 @@ pub async fn refusals_change_nothing(a: &'static dyn DeviceAllocator, i: DeviceI
         assert!(!matches!(e, Error::OutOfMemory { .. }));
     }
     for bad in [0usize, 3, 12] {
-        assert!(a.allocate(8, i, bad).is_err());
+        let e = a.allocate(8, i, bad).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument { .. }), "alignment {bad}: {e}");
     }
-    assert!(a.allocate(0, i, DEFAULT_ALIGNMENT).is_err());
-    assert!(a.deallocate(keep.offset(1).unwrap(), i).is_err());
-    assert!(a.copy_host_to_device(keep, &[0u8; 301], i).is_err());
+    let e = a.allocate(0, i, DEFAULT_ALIGNMENT).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "0 bytes: {e}");
+    let e = a.deallocate(keep.offset(1).unwrap(), i).unwrap_err();
+    assert!(
+        matches!(e, Error::InvalidPointer { problem: PointerProblem::NotAllocationStart, .. }),
+        "an interior pointer: {e}"
+    );
+    let e = a.copy_host_to_device(keep, &[0u8; 301], i).unwrap_err();
+    assert!(matches!(e, Error::OutOfBounds { .. }), "301 bytes into 300: {e}");
     assert_eq!(a.stats(i).unwrap(), before, "a refused call changed the stats");
     a.deallocate(keep, i).unwrap();
 }
@@ -405,7 +419,14 @@ pub async fn planned_release_frees_all_after_a_failure(a: &'static dyn DeviceAll
         "release_buffers leaked the other planned buffers"
     );
     for (id, b) in bases.iter().enumerate() {
-        assert!(a.deallocate(*b, i).is_err(), "planned buffer {id} is still live");
+        let e = a.deallocate(*b, i).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::InvalidPointer { problem: PointerProblem::Freed | PointerProblem::Unknown, .. }
+            ),
+            "planned buffer {id} is still live, or refused for another reason: {e}"
+        );
     }
     a.init_buffer(0, 64, i).unwrap();
     a.release_buffers(i).unwrap();

@@ -82,12 +82,53 @@ pub fn other_device(a: &dyn DeviceAllocator, i: DeviceIndex, what: &str) -> Opti
     if require_all() && expected.is_some_and(|e| e >= 2) {
         panic!("{what}: this machine has {expected:?} {} devices, the allocator sees {n}", a.device_type());
     }
-    eprintln!("SKIPPED {what}: needs two {} devices, the allocator has {n}", a.device_type());
+    skip(what, &format!("{what}: needs two {} devices, the allocator has {n}", a.device_type()));
     None
 }
 
-/// Runs `check` on every device of a fresh allocator from `make`; a missing allocator fails
-/// or skips as `need` says.
+/// Says that a test, or a part of one, did not run, and why: a `SKIPPED <test>: <why>` line on
+/// stderr (libtest shows a passing test's stderr only with `--nocapture`) and, on native where
+/// `DEVALLOC_SKIP_LOG` names a file, the same line appended to it, so that the run's summary
+/// counts and lists every skip (`scripts/test` does, and under CI fails on one it does not
+/// expect). The test is named by its libtest thread where there is one (its whole path, as
+/// `wgpu::gl::steady_state`, which tells the allocators apart), else by `test`. A skip that
+/// cannot be recorded fails the test rather than go unseen.
+pub fn skip(test: &str, why: &str) {
+    let thread = std::thread::current();
+    let test = thread.name().filter(|n| *n != "main").unwrap_or(test);
+    // One line each, whatever an error message holds.
+    let line = format!("SKIPPED {test}: {}", why.replace('\n', " "));
+    eprintln!("{line}");
+    #[cfg(not(target_arch = "wasm32"))]
+    if let Some(path) = std::env::var_os("DEVALLOC_SKIP_LOG") {
+        use std::io::Write;
+        // A single write to a file opened for appending: lines of tests running in parallel
+        // (threads and processes) never interleave.
+        let written = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(format!("{line}\n").as_bytes()));
+        if let Err(e) = written {
+            panic!("{line}; recording it in DEVALLOC_SKIP_LOG={}: {e}", path.display());
+        }
+    }
+}
+
+/// Whether a factory's allocator caches freed blocks (`PoolOptions::caching`, on by default):
+/// what the steady-state checks hold it to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Caching {
+    /// Freed blocks are cached and reused: the steady-state checks run, and fail if a step that
+    /// freed everything left nothing cached.
+    On,
+    /// Made with caching off: the checks assert that nothing was cached, and skip the steady
+    /// state, saying so.
+    Off,
+}
+
+/// Runs `check` on every device of a fresh allocator from `make` (one that reports no device
+/// fails); a missing allocator fails or skips as `need` says.
 pub async fn on_every_device<F, Fut>(name: &str, make: Factory, need: Need, check: F)
 where
     F: Fn(&'static dyn DeviceAllocator, DeviceIndex) -> Fut,
@@ -100,10 +141,12 @@ where
             if need == Need::Always || (need == Need::InCi && in_ci()) || require_all() {
                 panic!("{name}: no allocator on this machine, and it is required here: {why}");
             }
-            eprintln!("SKIPPED {name}: did not run: {why}");
+            skip(name, &format!("did not run: {why}"));
             return;
         }
     };
+    // A check that ran on no device would pass having checked nothing.
+    assert!(alloc.device_count() > 0, "{name}: the {} allocator reports no device", alloc.device_type());
     for index in 0..alloc.device_count() as DeviceIndex {
         log::info!("{name} on {}:{index}", alloc.device_type());
         check(alloc, index).await;
@@ -193,13 +236,15 @@ impl Rng {
 }
 
 /// Emits the suite as tests for one allocator factory: `#[test]` on native, with async checks
-/// driven by `pollster`; `#[wasm_bindgen_test]` in the browser.
+/// driven by `pollster`; `#[wasm_bindgen_test]` in the browser. `$caching` ([`Caching`]) says
+/// whether the factory's allocator caches, as the steady-state checks need to know.
 macro_rules! conformance_tests {
-    ($make:expr, $need:expr) => {
+    ($make:expr, $need:expr, $caching:expr) => {
         conformance_tests!(@each $make, $need,
             round_trips, sub_ranges, alignment, stats, bad_inputs, refusals_change_nothing, planned,
             planned_release_frees_all_after_a_failure, device_to_device, foreign_pointers_on_either_end,
-            raii_buffer, history_and_snapshot, steady_state, repeating_sizes_far_apart);
+            raii_buffer, history_and_snapshot);
+        conformance_tests!(@caching $make, $need, $caching, steady_state, repeating_sizes_far_apart);
         #[cfg(not(target_arch = "wasm32"))]
         #[test]
         fn threads() {
@@ -222,24 +267,60 @@ macro_rules! conformance_tests {
             }
         )*
     };
+    (@caching $make:expr, $need:expr, $caching:expr, $($name:ident),*) => {
+        $(
+            #[cfg(not(target_arch = "wasm32"))]
+            #[test]
+            fn $name() {
+                conformance::logging::init_for_tests();
+                let check = |a, i| conformance::checks::$name(a, i, $caching);
+                pollster::block_on(conformance::on_every_device(stringify!($name), $make, $need, check));
+            }
+            #[cfg(target_arch = "wasm32")]
+            #[wasm_bindgen_test::wasm_bindgen_test]
+            async fn $name() {
+                let check = |a, i| conformance::checks::$name(a, i, $caching);
+                conformance::on_every_device(stringify!($name), $make, $need, check).await;
+            }
+        )*
+    };
 }
 
-/// Polls `fut` to the end with a waker that does nothing, pausing 1 ms after every `Pending` (so
-/// that the device has finished everything asked of it by the next poll, the case where a copy
-/// that never yields would do all its work in one poll); returns the output and how many
-/// times it was `Pending`.
+/// Polls `fut` to the end by hand, as an executor would, and returns its output and how many
+/// times it was `Pending`. After every `Pending`, `settle` runs: a wgpu test waits there until
+/// the device has finished everything asked of it (`device.poll(PollType::wait_indefinitely())`),
+/// the case where a copy that never yields would do all its work in one poll; host memory has
+/// no device, nothing to settle. Then the next poll waits for the future to wake its waker: a
+/// `Pending` that nothing wakes within 30 s is a lost wake-up, and fails.
 #[cfg(not(target_arch = "wasm32"))]
-pub fn polls_until_ready<F: std::future::Future>(fut: F) -> (F::Output, usize) {
-    use std::task::{Context, Poll, Waker};
+pub fn polls_until_ready<F: std::future::Future>(fut: F, mut settle: impl FnMut()) -> (F::Output, usize) {
+    use std::sync::{Arc, Condvar, Mutex};
+    use std::task::{Context, Poll, Wake, Waker};
+    /// Whether the future woke its waker since it was last polled.
+    #[derive(Default)]
+    struct Woken(Mutex<bool>, Condvar);
+    impl Wake for Woken {
+        fn wake(self: Arc<Self>) {
+            self.wake_by_ref();
+        }
+        fn wake_by_ref(self: &Arc<Self>) {
+            *self.0.lock().unwrap() = true;
+            self.1.notify_all();
+        }
+    }
+    let woken = Arc::new(Woken::default());
+    let waker = Waker::from(Arc::clone(&woken));
     let mut fut = std::pin::pin!(fut);
     let mut pending = 0;
     loop {
-        match fut.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-            Poll::Ready(v) => return (v, pending),
-            Poll::Pending => {
-                pending += 1;
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
+        *woken.0.lock().unwrap() = false;
+        if let Poll::Ready(v) = fut.as_mut().poll(&mut Context::from_waker(&waker)) {
+            return (v, pending);
         }
+        pending += 1;
+        settle();
+        let limit = std::time::Duration::from_secs(30);
+        let (_woken, waited) = woken.1.wait_timeout_while(woken.0.lock().unwrap(), limit, |w| !*w).unwrap();
+        assert!(!waited.timed_out(), "Pending (poll {pending}) and not woken within 30 s: a lost wake-up");
     }
 }

@@ -2,13 +2,20 @@
 //! interior, unknown and out-of-range pointers, impossible sizes and alignments, oversized
 //! copies) against a plain model. After every step the result must be the contract's answer,
 //! a refused call must leave the stats exactly as they were, the stats must equal the model's,
-//! and every live allocation must still hold its bytes.
+//! and every live allocation must still hold its bytes. A valid allocation may be refused only
+//! where a limit makes it right ([`Limits`]): `TooLarge` past the memory limit or the device's
+//! largest buffer, `OutOfMemory` where the request would not fit under the memory limit even
+//! with every cached block given back (checked by giving them back); with no limit, never.
 //!
 //! Operations come from proptest on native (with shrinking) and from a seeded generator in the
 //! browser; one async executor runs them on both.
 use devalloc::{AllocatorStats, DeviceAllocator, DevicePtr, Error, PointerProblem};
 
 use super::{d2d, d2h, h2d, pattern, Factory, Rng};
+
+#[path = "refusals.rs"]
+mod refusals;
+use refusals::{few_refusals, out_of_memory_was_right, Limits, Tally};
 
 /// One step of a sequence. Indices pick among live (or freed) allocations modulo their count.
 #[derive(Clone, Debug)]
@@ -83,6 +90,18 @@ struct Model {
     deallocations: u64,
 }
 
+/// How one operation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Outcome {
+    /// It did what was asked.
+    Done,
+    /// It was refused, rightly (the contract's error); nothing may have changed.
+    Refused,
+    /// A valid allocation of this many bytes was refused as out of memory under a memory limit:
+    /// to be checked against the limit once the stats are.
+    OutOfMemory(usize),
+}
+
 fn fail(step: usize, op: &Op, what: impl std::fmt::Display) -> String {
     format!("step {step} ({op:?}): {what}")
 }
@@ -96,18 +115,29 @@ fn is_ptr_error(r: &devalloc::Result<()>, want: Option<PointerProblem>) -> bool 
 }
 
 /// Runs `ops` on a fresh allocator from `make` (device 0); `Err` names the first broken promise.
-pub async fn run(make: Factory, ops: &[Op]) -> Result<(), String> {
+pub async fn run(make: Factory, ops: &[Op]) -> Result<Tally, String> {
     let a = make().await?;
     let a: &dyn DeviceAllocator = &*a;
+    let limits = Limits::of(a);
     let mut m = Model { live: Vec::new(), freed: Vec::new(), allocations: 0, deallocations: 0 };
+    let mut tally = Tally::default();
     for (step, op) in ops.iter().enumerate() {
         let before = a.stats(0).map_err(|e| e.to_string())?;
-        let refused = apply(a, &mut m, op).await.map_err(|e| fail(step, op, e))?;
+        let outcome = apply(a, &mut m, op, &limits).await.map_err(|e| fail(step, op, e))?;
         let after = a.stats(0).map_err(|e| e.to_string())?;
-        if refused && after != before {
+        if outcome != Outcome::Done && after != before {
             return Err(fail(step, op, format!("a refused call changed the stats: {before:?} -> {after:?}")));
         }
         check_stats(&after, &m).map_err(|e| fail(step, op, e))?;
+        match (outcome, op) {
+            (Outcome::OutOfMemory(size), _) => {
+                out_of_memory_was_right(a, &limits, size, &before).map_err(|e| fail(step, op, e))?;
+                tally.refused += 1;
+            }
+            (Outcome::Refused, Op::Alloc { .. }) => tally.refused += 1,
+            (Outcome::Done, Op::Alloc { .. }) => tally.made += 1,
+            _ => {}
+        }
         for (p, bytes) in &m.live {
             let mut back = vec![0u8; bytes.len()];
             d2h(a, &mut back, *p, 0).await.map_err(|e| fail(step, op, format!("reading {p}: {e}")))?;
@@ -119,7 +149,7 @@ pub async fn run(make: Factory, ops: &[Op]) -> Result<(), String> {
     for (p, _) in m.live.drain(..) {
         a.deallocate(p, 0).map_err(|e| e.to_string())?;
     }
-    Ok(())
+    Ok(tally)
 }
 
 fn check_stats(s: &AllocatorStats, m: &Model) -> Result<(), String> {
@@ -146,17 +176,20 @@ fn check_stats(s: &AllocatorStats, m: &Model) -> Result<(), String> {
     Ok(())
 }
 
-/// Applies one operation and checks its answer; returns whether the call was refused.
-async fn apply(a: &dyn DeviceAllocator, m: &mut Model, op: &Op) -> Result<bool, String> {
+/// Applies one operation and checks its answer; says how it ended.
+async fn apply(a: &dyn DeviceAllocator, m: &mut Model, op: &Op, limits: &Limits) -> Result<Outcome, String> {
     match *op {
         Op::Alloc { size, align_shift } => {
             let align = 1usize << align_shift;
             let p = match a.allocate(size, 0, align) {
                 Ok(p) => p,
-                // Allocators under a tiny memory limit or device limit may refuse; the stats
-                // check then holds them to "nothing changed".
-                Err(Error::OutOfMemory { .. } | Error::TooLarge { .. }) => return Ok(true),
-                Err(e) => return Err(format!("allocate: {e}")),
+                // Only a limit makes a refusal right: the run checks this one against the
+                // memory limit once it has checked the stats.
+                Err(Error::OutOfMemory { .. }) if limits.memory.is_some() => {
+                    return Ok(Outcome::OutOfMemory(size))
+                }
+                Err(Error::TooLarge { .. }) if limits.too_large(size) => return Ok(Outcome::Refused),
+                Err(e) => return Err(format!("allocate({size}, align {align}) under {limits:?}: {e}")),
             };
             if p.addr() % align as u64 != 0 {
                 return Err(format!("{p} is not aligned to {align}"));
@@ -172,7 +205,7 @@ async fn apply(a: &dyn DeviceAllocator, m: &mut Model, op: &Op) -> Result<bool, 
             h2d(a, p, &init, 0).await.map_err(|e| format!("first write: {e}"))?;
             m.allocations += 1;
             m.live.push((p, init));
-            Ok(false)
+            Ok(Outcome::Done)
         }
         Op::AllocImpossible { which } => {
             let (size, align) = match which {
@@ -182,7 +215,7 @@ async fn apply(a: &dyn DeviceAllocator, m: &mut Model, op: &Op) -> Result<bool, 
                 _ => (0, 256),
             };
             match a.allocate(size, 0, align) {
-                Err(Error::TooLarge { .. } | Error::InvalidArgument { .. }) => Ok(true),
+                Err(Error::TooLarge { .. } | Error::InvalidArgument { .. }) => Ok(Outcome::Refused),
                 other => Err(format!("allocate({size}, align {align}) should never fit, got {other:?}")),
             }
         }
@@ -191,12 +224,12 @@ async fn apply(a: &dyn DeviceAllocator, m: &mut Model, op: &Op) -> Result<bool, 
             a.deallocate(p, 0).map_err(|e| format!("free: {e}"))?;
             m.deallocations += 1;
             m.freed.push(p);
-            Ok(false)
+            Ok(Outcome::Done)
         }
         Op::UseStale { k, how } if !m.freed.is_empty() => {
             let p = m.freed[k % m.freed.len()];
             if m.live.iter().any(|(q, b)| q.addr() <= p.addr() && p.addr() <= q.addr() + b.len() as u64) {
-                return Ok(true); // a real-address allocator (CUDA) hands cached addresses out again
+                return Ok(Outcome::Refused); // a real-address allocator (CUDA) hands cached addresses out again
             }
             let r = match how {
                 0 => a.deallocate(p, 0),
@@ -206,7 +239,7 @@ async fn apply(a: &dyn DeviceAllocator, m: &mut Model, op: &Op) -> Result<bool, 
             if !is_ptr_error(&r, None) {
                 return Err(format!("a stale pointer {p} was not refused: {r:?}"));
             }
-            Ok(true)
+            Ok(Outcome::Refused)
         }
         Op::FreeInterior { k, off } if !m.live.is_empty() => {
             let (p, b) = &m.live[k % m.live.len()];
@@ -215,12 +248,12 @@ async fn apply(a: &dyn DeviceAllocator, m: &mut Model, op: &Op) -> Result<bool, 
             if !is_ptr_error(&r, None) {
                 return Err(format!("freeing interior pointer {q} was not refused: {r:?}"));
             }
-            Ok(true)
+            Ok(Outcome::Refused)
         }
         Op::UseUnknown { addr, how } => {
             let p = DevicePtr::new(addr);
             if m.live.iter().any(|(q, b)| q.addr() <= addr && addr <= q.addr() + b.len() as u64) {
-                return Ok(true);
+                return Ok(Outcome::Refused);
             }
             let r = match how {
                 0 => a.deallocate(p, 0),
@@ -230,7 +263,7 @@ async fn apply(a: &dyn DeviceAllocator, m: &mut Model, op: &Op) -> Result<bool, 
             if !is_ptr_error(&r, None) {
                 return Err(format!("unknown pointer {p} was not refused: {r:?}"));
             }
-            Ok(true)
+            Ok(Outcome::Refused)
         }
         Op::Write { k, off, len, seed } if !m.live.is_empty() => {
             let n = m.live.len();
@@ -242,9 +275,9 @@ async fn apply(a: &dyn DeviceAllocator, m: &mut Model, op: &Op) -> Result<bool, 
             if off + len <= bytes.len() {
                 r.map_err(|e| format!("write: {e}"))?;
                 bytes[off..off + len].copy_from_slice(&data);
-                Ok(false)
+                Ok(Outcome::Done)
             } else if matches!(r, Err(Error::OutOfBounds { .. })) {
-                Ok(true)
+                Ok(Outcome::Refused)
             } else {
                 Err(format!("a write past the end gave {r:?}"))
             }
@@ -260,9 +293,9 @@ async fn apply(a: &dyn DeviceAllocator, m: &mut Model, op: &Op) -> Result<bool, 
                 if back != bytes[off..off + len] {
                     return Err(format!("read {off}+{len} differs"));
                 }
-                Ok(false)
+                Ok(Outcome::Done)
             } else if matches!(r, Err(Error::OutOfBounds { .. })) {
-                Ok(true)
+                Ok(Outcome::Refused)
             } else {
                 Err(format!("a read past the end gave {r:?}"))
             }
@@ -278,14 +311,14 @@ async fn apply(a: &dyn DeviceAllocator, m: &mut Model, op: &Op) -> Result<bool, 
                 r.map_err(|e| format!("copy: {e}"))?;
                 let data = m.live[f].1[..len].to_vec();
                 m.live[t].1[off..off + len].copy_from_slice(&data);
-                Ok(false)
+                Ok(Outcome::Done)
             } else if matches!(r, Err(Error::OutOfBounds { .. })) {
-                Ok(true)
+                Ok(Outcome::Refused)
             } else {
                 Err(format!("a copy past the end gave {r:?}"))
             }
         }
-        _ => Ok(true),
+        _ => Ok(Outcome::Refused),
     }
 }
 
@@ -294,20 +327,28 @@ async fn apply(a: &dyn DeviceAllocator, m: &mut Model, op: &Op) -> Result<bool, 
 pub fn model_check(make: Factory, cases: u32) {
     use proptest::test_runner::{Config, TestCaseError, TestRunner};
     let mut runner = TestRunner::new(Config { cases, failure_persistence: None, ..Config::default() });
+    let total = std::cell::Cell::new(Tally::default());
     runner
         .run(&proptest::collection::vec(op_strategy(), 1..60), |ops| {
-            pollster::block_on(run(make, &ops)).map_err(TestCaseError::fail)
+            let t = pollster::block_on(run(make, &ops)).map_err(TestCaseError::fail)?;
+            let sum = total.get();
+            total.set(Tally { made: sum.made + t.made, refused: sum.refused + t.refused });
+            Ok(())
         })
         .unwrap_or_else(|e| panic!("model check failed: {e}"));
+    few_refusals(total.get());
 }
 
 /// Browser: `seeds` seeded sequences of 40 operations.
 #[cfg_attr(not(target_arch = "wasm32"), allow(dead_code))] // the browser suites' form
 pub async fn model_check_seeded(make: Factory, seeds: u64) {
+    let mut total = Tally::default();
     for seed in 1..=seeds {
         let ops = ops_from_seed(seed * 7919, 40);
-        if let Err(e) = run(make, &ops).await {
-            panic!("model check failed with seed {}: {e}", seed * 7919);
+        match run(make, &ops).await {
+            Ok(t) => (total.made, total.refused) = (total.made + t.made, total.refused + t.refused),
+            Err(e) => panic!("model check failed with seed {}: {e}", seed * 7919),
         }
     }
+    few_refusals(total);
 }

@@ -50,7 +50,7 @@ fn gpu(test: &str) -> Option<CudaAllocator> {
         }
         Err(e) if require_all() => panic!("{test}: no CUDA device, and DEVALLOC_REQUIRE_ALL=1: {e}"),
         Err(e) => {
-            eprintln!("SKIPPED {test}: did not run: {e}");
+            conformance::skip(test, &format!("did not run: no CUDA device: {e}"));
             None
         }
     }
@@ -70,7 +70,7 @@ fn the_uncached_suite_really_runs_uncached() {
 
 mod cached {
     use super::*;
-    conformance_tests!(cuda, conformance::Need::Optional);
+    conformance_tests!(cuda, conformance::Need::Optional, conformance::Caching::On);
 
     #[test]
     fn model_check() {
@@ -82,7 +82,7 @@ mod cached {
 
 mod uncached {
     use super::*;
-    conformance_tests!(cuda_uncached, conformance::Need::Optional);
+    conformance_tests!(cuda_uncached, conformance::Need::Optional, conformance::Caching::Off);
 }
 
 #[test]
@@ -106,7 +106,10 @@ fn without_a_driver_construction_fails_and_the_registry_still_works() {
             );
             assert!(cuda_line.contains("not available") && cuda_line.contains("CUDA"), "{cuda_line}");
             assert!(registry.get_allocator(DeviceType::Cuda).is_none());
-            eprintln!("SKIPPED CUDA conformance here: {e}");
+            conformance::skip(
+                "without_a_driver_construction_fails_and_the_registry_still_works",
+                &format!("the CUDA conformance suite does not run here: {e}"),
+            );
         }
     }
     // The rest of the registry works either way.

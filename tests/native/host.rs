@@ -37,7 +37,7 @@ fn cases(native: u32) -> u32 {
 
 mod plain {
     use super::*;
-    conformance_tests!(plain, conformance::Need::Always);
+    conformance_tests!(plain, conformance::Need::Always, conformance::Caching::Off);
 
     #[test]
     fn model_check() {
@@ -47,7 +47,7 @@ mod plain {
 
 mod cached {
     use super::*;
-    conformance_tests!(cached, conformance::Need::Always);
+    conformance_tests!(cached, conformance::Need::Always, conformance::Caching::On);
 
     #[test]
     fn model_check() {
@@ -74,17 +74,19 @@ fn an_async_copy_does_at_most_one_chunk_of_work_per_poll() {
     let n = 64 << 20;
     let data = conformance::pattern(n, 5);
     let p = a.allocate(n + 4096, 0, DEFAULT_ALIGNMENT).unwrap();
-    let (r, polls) = conformance::polls_until_ready(a.copy_host_to_device_async(p, &data, 0));
+    let (r, polls) = conformance::polls_until_ready(a.copy_host_to_device_async(p, &data, 0), || {});
     r.unwrap();
     assert!(polls >= 15, "a 64 MiB upload was Pending only {polls} times");
     let mut back = vec![0u8; n];
-    let (r, polls) = conformance::polls_until_ready(a.copy_device_to_host_async(&mut back, p, 0));
+    let (r, polls) = conformance::polls_until_ready(a.copy_device_to_host_async(&mut back, p, 0), || {});
     r.unwrap();
     assert!(polls >= 15, "a 64 MiB download was Pending only {polls} times");
     assert!(back == data, "the download differs");
     // Overlapping, the destination above the source: piece by piece from the end.
-    let (r, polls) =
-        conformance::polls_until_ready(a.copy_device_to_device_async(p.offset(4096).unwrap(), 0, p, 0, n));
+    let (r, polls) = conformance::polls_until_ready(
+        a.copy_device_to_device_async(p.offset(4096).unwrap(), 0, p, 0, n),
+        || {},
+    );
     r.unwrap();
     assert!(polls >= 15, "a 64 MiB copy was Pending only {polls} times");
     a.copy_device_to_host(&mut back, p.offset(4096).unwrap(), 0).unwrap();
@@ -105,14 +107,14 @@ fn ragged_async_copies_between_and_within_allocations_yield_every_4_mib() {
     let q = a.allocate(n, 0, DEFAULT_ALIGNMENT).unwrap();
     a.copy_host_to_device(p, &data, 0).unwrap();
     let between = a.copy_device_to_device_async(q.offset(1).unwrap(), 0, p.offset(3).unwrap(), 0, n - 8);
-    let (r, polls) = conformance::polls_until_ready(between);
+    let (r, polls) = conformance::polls_until_ready(between, || {});
     r.unwrap();
     assert!(polls >= 15, "a ragged copy between allocations was Pending only {polls} times");
     let mut back = vec![0u8; n - 8];
     a.copy_device_to_host(&mut back, q.offset(1).unwrap(), 0).unwrap();
     assert!(back[..] == data[3..n - 5], "the ragged copy between allocations differs");
     let within = a.copy_device_to_device_async(p.offset(5).unwrap(), 0, p, 0, n - 5);
-    let (r, polls) = conformance::polls_until_ready(within);
+    let (r, polls) = conformance::polls_until_ready(within, || {});
     r.unwrap();
     assert!(polls >= 15, "an overlapping ragged copy was Pending only {polls} times");
     let mut back = vec![0u8; n - 5];

@@ -1,12 +1,13 @@
-//! Every native test of devalloc, in one binary (the conformance suite compiles once): the
-//! suite and the hostile model check on host memory (`host`), the contract's edges (`contract`),
+//! Every native test of devalloc, in one binary (the conformance suite, `conformance`, compiles
+//! once): the suite and the hostile model check on host memory (`host`), the contract's edges (`contract`),
 //! the planner (`plan`, `plan_search`), its CSV reader and replay under hostile input (`inputs`), the pool's
-//! policy (`pool_policy`), its cache budget (`pool_budget`) and split blocks (`pool_split`; hostile: `split_hostile`, `split_real`), the registry (`registry`), wgpu on lavapipe and llvmpipe (`wgpu`), a
+//! policy (`pool_policy`), its cache budget (`pool_budget`; hostile: `pool_budget_hostile`) and split blocks (`pool_split`; hostile: `split_hostile`, `split_real`), the registry (`registry`), wgpu on lavapipe and llvmpipe (`wgpu`), a
 //! wgpu app that adopts devalloc (`wgpu_app`) and loses its device (`wgpu_app_loss`), an app's hostile ways with it (panicking map
 //! callbacks, async copies dropped mid-map: `wgpu_hostile`), wgpu copies under hostile use
 //! (bounded work per async poll, drops at any poll, destroy mid-copy: `wgpu_copies`), what wgpu
 //! holds beneath the pool (bindings after churn, memory hints: `wgpu_memory`), and CUDA
-//! where a driver is (`cuda`, feature `cuda`). `util` holds the hostile tests' small helpers.
+//! where a driver is (`cuda`, feature `cuda`). `util` holds the hostile tests' small helpers;
+//! `fuzz_found` keeps each input the fuzzers found as a test.
 //!
 //!     cargo test --test native [-- host::]      # a module's tests alone: filter by its name
 #![cfg(not(target_arch = "wasm32"))]

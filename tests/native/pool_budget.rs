@@ -5,7 +5,7 @@
 
 use devalloc::backend::{Pool, PooledAllocator};
 use devalloc::plan::Instance;
-use devalloc::replay::{replay, Trace};
+use devalloc::replay::{replay, Trace, TraceEvent};
 use devalloc::{AllocatorStats, DeviceAllocator, DevicePtr, DeviceType, PoolOptions};
 
 use super::pool_policy::Counting;
@@ -134,6 +134,35 @@ fn temporaries_of_sizes_far_apart_settle_in_one_block() {
     assert!(s.peak_reserved_bytes * 8 <= MIB as u64 * 9, "{s:?}");
 }
 
+/// Replays `trace` on `a` event by event, checking the budget's promise after each (with no
+/// limit, the pool holds at most its live high-water mark, in capacity, plus the headroom of a
+/// sixteenth of it plus at most another sixteenth in proven blocks: `budget.rs`; integer
+/// arithmetic, so exact), and returns the peak reserved.
+fn replay_within_the_budget(a: &PooledAllocator<Counting>, name: &str, trace: &Trace) -> u64 {
+    let mut ptrs = std::collections::HashMap::new();
+    let mut mark = 0u64;
+    for (n, (_, e)) in trace.events.iter().enumerate() {
+        match e {
+            TraceEvent::Alloc { id, size, .. } => {
+                ptrs.insert(*id, a.allocate(*size as usize, 0, 256).unwrap());
+            }
+            TraceEvent::Free { id } => a.deallocate(ptrs.remove(id).unwrap(), 0).unwrap(),
+            TraceEvent::EmptyCache => _ = a.empty_cache(),
+        }
+        let s = a.stats(0).unwrap();
+        mark = mark.max(s.reserved_bytes - s.cached_bytes);
+        assert!(
+            s.reserved_bytes <= mark + 2 * (mark / 16),
+            "{name}, event {n}: reserved {} past the budget over a live high-water mark of {mark}",
+            s.reserved_bytes
+        );
+    }
+    for (_, p) in ptrs {
+        a.deallocate(p, 0).unwrap();
+    }
+    stats(a).peak_reserved_bytes
+}
+
 #[test]
 fn model_histories_replayed_again_and_again_settle() {
     // A training loop: each history four times in a row. The first pass may ask the device
@@ -148,9 +177,10 @@ fn model_histories_replayed_again_and_again_settle() {
             })
             .collect();
         assert_eq!(counts[3], counts[2], "{name}: device allocations after 1-4 repetitions: {counts:?}");
-        // The budget still applies: no more than 1.5x the most live at once, in any pass.
-        let r = replay(&pool(Some(1.0 / 16.0)), &once.repeated(4).unwrap(), 0).unwrap();
-        assert!(r.peak_reserved * 2 <= once.lower_bound() * 3, "{name}: {r:?}");
+        // The promise: the budget holds after every event of the four passes. Beside it, the
+        // figure (reported, not judged): peak reserved over the trace's lower bound.
+        let peak = replay_within_the_budget(&pool(Some(1.0 / 16.0)), name, &once.repeated(4).unwrap());
+        eprintln!("{name}: four passes held {:.3}x the lower bound", peak as f64 / once.lower_bound() as f64);
     }
 }
 

@@ -1,7 +1,7 @@
 //! The pool's budget under a hostile caller (from the review of issue 27): random sequences
 //! of allocations, frees, double frees, `empty_cache`, limits and storage failures over every
 //! headroom setting (NaN, negative, infinite and `None` included) keep the stats adding up to
-//! what the storage holds; 16 threads at once leave nothing behind; a refused request leaves
+//! what the storage holds; 16 threads at once leave nothing behind (`pool_budget_threads.rs`); a refused request leaves
 //! the order the budget gives blocks back alone; sizes past what a u64 of held bytes can count
 //! are refused, not a panic. Through a storage that holds no memory but counts it.
 
@@ -10,11 +10,14 @@ use std::sync::Arc;
 
 use devalloc::backend::{Pool, PooledAllocator, Storage};
 use devalloc::{
-    AllocatorStats, Device, DeviceAllocator, DevicePtr, DeviceType, Error, HostAllocator, PointerProblem,
-    PoolOptions, Result,
+    AllocatorStats, Device, DeviceAllocator, DevicePtr, DeviceType, Error, PointerProblem, PoolOptions,
+    Result,
 };
 
 use super::pool_policy::Counting;
+
+#[path = "pool_budget_threads.rs"]
+mod threads;
 
 const KIB: usize = 1 << 10;
 
@@ -295,87 +298,6 @@ fn random_operations_keep_the_stats_adding_up_to_what_the_storage_holds() {
         }
     }
     eprintln!("fuzz: {totals:?} (allocations, cache hits, runs)");
-}
-
-#[test]
-fn sixteen_threads_leave_nothing_behind() {
-    for headroom in [Some(1.0 / 16.0), Some(0.0), None] {
-        for limit in [None, Some(64 * MIB as u64)] {
-            let a = Arc::new(fake(PoolOptions {
-                cache_headroom: headroom,
-                memory_limit: limit,
-                ..PoolOptions::default()
-            }));
-            let hs: Vec<_> = (0..16u64)
-                .map(|t| {
-                    let a = a.clone();
-                    std::thread::spawn(move || {
-                        let mut rng = Rng(t * 7919 + 17);
-                        let mut mine = Vec::new();
-                        for _ in 0..4000 {
-                            if rng.below(3) < 2 || mine.is_empty() {
-                                let top = if rng.below(8) == 0 { 4 * MIB as u64 } else { 64 * KIB as u64 };
-                                let size = 1 + rng.below(top);
-                                if let Ok(p) = a.allocate(size as usize, 0, 256 << rng.below(4)) {
-                                    mine.push(p);
-                                }
-                            } else {
-                                let i = rng.below(mine.len() as u64) as usize;
-                                a.deallocate(mine.swap_remove(i), 0).unwrap();
-                            }
-                            if rng.below(500) == 0 {
-                                a.empty_cache();
-                            }
-                        }
-                        for p in mine {
-                            a.deallocate(p, 0).unwrap();
-                        }
-                    })
-                })
-                .collect();
-            for h in hs {
-                h.join().unwrap();
-            }
-            let (s, _) = check(&a);
-            assert_eq!((s.allocated_bytes, s.live_allocations), (0, 0));
-            a.empty_cache();
-            let (s, _) = check(&a);
-            assert_eq!((s.reserved_bytes, s.cached_bytes), (0, 0), "{s:?}");
-            assert_eq!(st(&a).blocks.load(Ordering::SeqCst), 0);
-            eprintln!("threads {headroom:?} {limit:?}: {s:?}");
-        }
-    }
-    // Host memory too.
-    let a = Arc::new(HostAllocator::new());
-    let hs: Vec<_> = (0..16u64)
-        .map(|t| {
-            let a = a.clone();
-            std::thread::spawn(move || {
-                let mut rng = Rng(t * 31 + 5);
-                let mut mine = Vec::new();
-                for _ in 0..2000 {
-                    if rng.below(3) < 2 || mine.is_empty() {
-                        let size = 1 + rng.below(256 * KIB as u64);
-                        mine.push(a.allocate(size as usize, 0, 256).unwrap());
-                    } else {
-                        let i = rng.below(mine.len() as u64) as usize;
-                        a.deallocate(mine.swap_remove(i), 0).unwrap();
-                    }
-                }
-                for p in mine {
-                    a.deallocate(p, 0).unwrap();
-                }
-            })
-        })
-        .collect();
-    for h in hs {
-        h.join().unwrap();
-    }
-    let s = a.stats(0).unwrap();
-    assert_eq!(s.reserved_bytes, s.cached_bytes, "{s:?}");
-    a.empty_cache();
-    let s = a.stats(0).unwrap();
-    assert_eq!((s.reserved_bytes, s.cached_bytes, s.allocated_bytes), (0, 0, 0), "{s:?}");
 }
 
 /// A loop that uses one temporary at a time, of five sizes each more than an eighth apart

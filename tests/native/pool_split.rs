@@ -92,7 +92,9 @@ fn a_workload_that_repeats_settles_on_split_blocks() {
         a.deallocate(w, 0).unwrap();
         misses.push(host_adds_up(&a).cache_misses);
     }
-    assert!(misses[3..].iter().all(|&m| m == misses[2]), "device allocations after each step: {misses:?}");
+    // Settled after the second repetition, as the README says: nothing asked of the device
+    // from the third on (when this was written: 4 in the first repetition, 1 in the second).
+    assert!(misses[2..].iter().all(|&m| m == misses[1]), "device allocations after each step: {misses:?}");
     let s = host_adds_up(&a);
     assert!(s.peak_reserved_bytes * 10 <= 140 * KIB as u64 * 15, "{s:?}");
 }

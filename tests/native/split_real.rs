@@ -11,6 +11,10 @@ use devalloc::{Device, DeviceAllocator, DevicePtr, DeviceType, Error, HostAlloca
 
 use super::util::poll_once;
 
+#[path = "limit_refusals.rs"]
+pub(super) mod limit_refusals;
+use limit_refusals::{refused_alone, Gate};
+
 use super::split_hostile::{
     adds_up, fill, finish, holds, host_adds_up, replay_matches, shares_a_block, Rng, KIB, MIB,
 };
@@ -119,6 +123,8 @@ fn real(options: PoolOptions) -> PooledAllocator<Real> {
 /// Random operations on host memory, with history recorded: data of every allocation stays its
 /// own, the stats add up after each step, the limit holds, and the viewer's replay of the
 /// events agrees with the stats (async copies frozen mid-way and frees under them included).
+/// Only seeds 1 and 2 have a limit, so only they may refuse, and only what would pass it (see
+/// `limit_refusals`), a minority of their allocations.
 #[test]
 fn random_operations_keep_data_stats_and_history_consistent() {
     let mut shared_all = 0;
@@ -132,7 +138,24 @@ fn random_operations_keep_data_stats_and_history_consistent() {
         let mut live: Vec<(DevicePtr, usize, u8)> = Vec::new();
         let mut tag = 0u8;
         let mut ceiling = memory_limit.unwrap_or(u64::MAX);
+        let mut now = memory_limit;
+        let (mut made, mut refused) = (0u32, 0u32);
         let mut shared = 0;
+        // An allocation of `n` bytes, or a refusal that the limit in force makes right.
+        let mut allocate = |a: &HostAllocator, n: usize, align: usize, now: Option<u64>| {
+            let before = a.stats(0).unwrap();
+            match a.allocate(n, 0, align) {
+                Ok(p) => {
+                    made += 1;
+                    Some(p)
+                }
+                Err(e) => {
+                    refused_alone(a, &e, n, now, &before);
+                    refused += 1;
+                    None
+                }
+            }
+        };
         for step in 0..600 {
             let op = rng.below(100);
             if op < 50 || live.is_empty() {
@@ -142,14 +165,11 @@ fn random_operations_keep_data_stats_and_history_consistent() {
                     2 => 1 + rng.below(2 * MIB as u64) as usize,
                     _ => 1 + rng.below(6 * MIB as u64) as usize,
                 };
-                match a.allocate(n, 0, 256 << rng.below(4)) {
-                    Ok(p) => {
-                        tag = tag.wrapping_add(1).max(1);
-                        fill(&a, p, n, tag);
-                        live.push((p, n, tag));
-                    }
-                    Err(Error::OutOfMemory { .. }) => {}
-                    Err(e) => panic!("step {step}: {e}"),
+                let align = 256 << rng.below(4);
+                if let Some(p) = allocate(&a, n, align, now) {
+                    tag = tag.wrapping_add(1).max(1);
+                    fill(&a, p, n, tag);
+                    live.push((p, n, tag));
                 }
             } else if op < 85 {
                 let (p, n, t) = live.swap_remove(rng.below(live.len() as u64) as usize);
@@ -168,7 +188,7 @@ fn random_operations_keep_data_stats_and_history_consistent() {
                     // Allocations while it is frozen.
                     for _ in 0..3 {
                         let n = 1 + rng.below(5 * MIB as u64) as usize;
-                        if let Ok(q) = a.allocate(n, 0, 256) {
+                        if let Some(q) = allocate(&a, n, 256, now) {
                             tag = tag.wrapping_add(1).max(1);
                             fill(&a, q, n, tag);
                             live.push((q, n, tag));
@@ -183,7 +203,8 @@ fn random_operations_keep_data_stats_and_history_consistent() {
             } else if memory_limit.is_some() {
                 let l = limit / 2 + rng.below(limit);
                 ceiling = ceiling.max(l);
-                a.set_memory_limit(Some(l), 0).unwrap();
+                now = Some(l);
+                a.set_memory_limit(now, 0).unwrap();
             }
             if shares_a_block(&a.live_allocations(0).unwrap()) {
                 shared += 1;
@@ -194,7 +215,10 @@ fn random_operations_keep_data_stats_and_history_consistent() {
         for &(p, n, t) in &live {
             assert!(holds(&a, p, n, t), "seed {seed}: an allocation lost its bytes");
         }
-        eprintln!("seed {seed}: pieces shared a block after {shared} of 600 steps");
+        eprintln!(
+            "seed {seed}: pieces shared a block after {shared} of 600 steps; {made} allocations, {refused} refused"
+        );
+        assert!(refused < made, "seed {seed}: {refused} refusals beside {made} allocations");
         shared_all += shared;
         replay_matches(&a.snapshot().unwrap());
         for (p, _, _) in live.drain(..) {
@@ -209,7 +233,9 @@ fn random_operations_keep_data_stats_and_history_consistent() {
 }
 
 /// Threads allocating, writing, checking and freeing against a limit while another empties the
-/// cache and moves the limit: the limit holds at every step, no allocation's bytes change.
+/// cache: the limit holds at every step, no allocation's bytes change, and a refusal stands only
+/// where the request would pass the limit with the other threads stopped and the cache given
+/// back (else it must then be served: `limit_refusals::Gate`).
 #[test]
 fn threads_against_a_limit_with_empty_cache_keep_data_and_limit() {
     let limit = 48 * MIB as u64;
@@ -217,14 +243,15 @@ fn threads_against_a_limit_with_empty_cache_keep_data_and_limit() {
         HostAllocator::with_options(PoolOptions { memory_limit: Some(limit), ..PoolOptions::default() })
             .unwrap(),
     );
+    let gate = Arc::new(Gate::default());
     let stop = Arc::new(AtomicBool::new(false));
     let emptier = {
-        let (a, stop) = (a.clone(), stop.clone());
+        let (a, stop, gate) = (a.clone(), stop.clone(), gate.clone());
         std::thread::spawn(move || {
             let mut shared = 0;
             while !stop.load(Ordering::Relaxed) {
                 shared += usize::from(shares_a_block(&a.live_allocations(0).unwrap()));
-                a.empty_cache();
+                gate.call(|| a.empty_cache());
                 let s = a.stats(0).unwrap();
                 assert!(s.reserved_bytes <= limit, "{s:?}");
                 std::thread::yield_now();
@@ -234,7 +261,7 @@ fn threads_against_a_limit_with_empty_cache_keep_data_and_limit() {
     };
     let workers: Vec<_> = (0..3u64)
         .map(|t| {
-            let a = a.clone();
+            let (a, gate) = (a.clone(), gate.clone());
             std::thread::spawn(move || {
                 let mut rng = Rng(0xDEAD_BEEF ^ ((t + 1) * 0x9E37_79B9));
                 let mut live: Vec<(DevicePtr, usize, u8)> = Vec::new();
@@ -242,19 +269,22 @@ fn threads_against_a_limit_with_empty_cache_keep_data_and_limit() {
                     if rng.below(2) == 0 || live.is_empty() {
                         let top = [8 * KIB, 300 * KIB, 3 * MIB][rng.below(3) as usize];
                         let n = 1 + rng.below(top as u64) as usize;
-                        match a.allocate(n, 0, 256) {
+                        let made = match gate.call(|| a.allocate(n, 0, 256)) {
                             Ok(p) => {
-                                let tag = (t as u8) * 80 + (step % 80) as u8 + 1;
-                                fill(&*a, p, n, tag);
-                                live.push((p, n, tag));
+                                gate.count.made();
+                                Some(p)
                             }
-                            Err(Error::OutOfMemory { .. }) => {}
-                            Err(e) => panic!("{e}"),
+                            Err(e) => gate.refused(&*a, &e, n, 256, limit),
+                        };
+                        if let Some(p) = made {
+                            let tag = (t as u8) * 80 + (step % 80) as u8 + 1;
+                            fill(&*a, p, n, tag);
+                            live.push((p, n, tag));
                         }
                     } else {
                         let (p, n, tag) = live.swap_remove(rng.below(live.len() as u64) as usize);
                         assert!(holds(&*a, p, n, tag), "thread {t} step {step}: bytes changed");
-                        a.deallocate(p, 0).unwrap();
+                        gate.call(|| a.deallocate(p, 0)).unwrap();
                     }
                     let s = a.stats(0).unwrap();
                     assert!(s.reserved_bytes <= limit, "{s:?}");
@@ -271,6 +301,9 @@ fn threads_against_a_limit_with_empty_cache_keep_data_and_limit() {
     }
     stop.store(true, Ordering::Relaxed);
     assert!(emptier.join().unwrap() > 0, "no two live allocations ever shared a block");
+    let (made, refused, retried) = gate.count.counts();
+    eprintln!("{made} allocations ({retried} of them refused at first), {refused} refused");
+    assert!(refused < made, "{refused} refusals beside {made} allocations");
     let s = host_adds_up(&a);
     assert_eq!(s.live_allocations, 0);
     a.empty_cache();

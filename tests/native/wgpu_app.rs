@@ -37,7 +37,7 @@ fn open_app_device(backend: wgpu::Backend, features: wgpu::Features) -> Option<(
         Ok(a) => a,
         Err(e) if conformance::in_ci() => panic!("no {backend:?} adapter under CI: {e}"),
         Err(e) => {
-            eprintln!("SKIPPED on {backend:?}: no adapter: {e}");
+            conformance::skip("a wgpu app test", &format!("no {backend:?} adapter: {e}"));
             return None;
         }
     };
@@ -89,22 +89,19 @@ impl Watched {
 }
 
 /// The app's device, watched, adopted by an allocator on `route` that gets the app's
-/// `on_device_lost`; `None` where the backend has no adapter (or no direct route here).
+/// `on_device_lost`; `None` where the backend has no adapter (or no direct route here: see
+/// `wgpu_hostile::on_route`).
 pub(crate) fn adopt_watched(
     backend: wgpu::Backend,
     route: Route,
 ) -> Option<(wgpu::Device, wgpu::Queue, WgpuAllocator, Watched)> {
-    let (device, queue) = app_device(backend)?;
+    // Mappable where the adapter allows: else the direct route would never be taken.
+    let (device, queue) = app_device_mappable(backend)?;
     let watch = Watched::on(&device);
     let options =
         WgpuOptions { route: Some(route), on_device_lost: Some(watch.on_lost()), ..WgpuOptions::default() };
-    match WgpuAllocator::from_device_with_options(device.clone(), queue.clone(), options) {
-        Ok(a) => Some((device, queue, a, watch)),
-        Err(e) => {
-            assert_eq!(route, Route::Direct, "{backend:?}: the staged route is always there: {e}");
-            None
-        }
-    }
+    let made = WgpuAllocator::from_device_with_options(device.clone(), queue.clone(), options);
+    crate::wgpu_hostile::on_route(backend, route, made).map(|a| (device, queue, a, watch))
 }
 
 #[test]

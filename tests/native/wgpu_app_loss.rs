@@ -12,6 +12,7 @@ use devalloc::{DeviceAllocator, Error, PoolOptions, DEFAULT_ALIGNMENT};
 
 use crate::util::poll_once;
 use crate::wgpu_app::{adopt_watched, app_device, app_device_mappable, counter, Watched, BACKENDS};
+use crate::wgpu_hostile::{no_direct_route, on_route};
 
 #[test]
 fn every_call_after_destroy_is_device_lost_for_every_allocator_and_the_app_hears_once() {
@@ -166,16 +167,16 @@ fn with_work_queued_at_destroy_every_call_that_needs_the_device_is_device_lost()
 fn a_buffer_the_app_destroyed_is_not_handed_out_again() {
     for backend in BACKENDS {
         for route in [Route::Staged, Route::Direct] {
-            let Some((device, queue)) = app_device(backend) else { continue };
+            // Mappable where the adapter allows: else the direct route would never be taken.
+            let Some((device, queue)) = app_device_mappable(backend) else { continue };
             let errors = Arc::new(Mutex::new(Vec::<String>::new()));
             let sink = Arc::clone(&errors);
             device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
                 sink.lock().unwrap().push(e.to_string())
             }));
             let options = WgpuOptions { route: Some(route), ..WgpuOptions::default() };
-            let Ok(a) = WgpuAllocator::from_device_with_options(device.clone(), queue, options) else {
-                continue;
-            };
+            let made = WgpuAllocator::from_device_with_options(device.clone(), queue, options);
+            let Some(a) = on_route(backend, route, made) else { continue };
             let p = a.allocate(4096, 0, DEFAULT_ALIGNMENT).unwrap();
             a.buffer(p, 0).unwrap().buffer.destroy();
             let what = format!("{backend:?} {route:?}");
@@ -302,7 +303,7 @@ fn a_buffer_the_app_mapped_itself_is_an_error_for_devalloc_and_stays_the_apps() 
         let Some((device, queue)) = app_device_mappable(backend) else { continue };
         let a = WgpuAllocator::from_device(device.clone(), queue).unwrap();
         if a.route(0).unwrap() != Route::Direct {
-            eprintln!("SKIPPED on {backend:?}: no direct route on this adapter");
+            no_direct_route(backend, &"auto-selection took the staged route");
             continue;
         }
         let p = a.allocate(256, 0, DEFAULT_ALIGNMENT).unwrap();
@@ -369,9 +370,8 @@ fn a_panic_inside_a_poll_is_a_loss_only_once_the_device_is_invalid() {
                 on_device_lost: Some(watch.on_lost()),
                 ..WgpuOptions::default()
             };
-            let Ok(a) = WgpuAllocator::from_device_with_options(device.clone(), queue, options) else {
-                continue;
-            };
+            let made = WgpuAllocator::from_device_with_options(device.clone(), queue, options);
+            let Some(a) = on_route(backend, route, made) else { continue };
             let what = format!("{backend:?} {route:?}");
             let p = a.allocate(4096, 0, DEFAULT_ALIGNMENT).unwrap();
             a.copy_host_to_device(p, &[9u8; 4096], 0).unwrap();

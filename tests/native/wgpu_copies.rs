@@ -15,9 +15,17 @@ use devalloc::{
 use crate::conformance::{pattern, polls_until_ready};
 use crate::util::{poll_once, poll_some, within};
 use crate::wgpu_app::{app_device, app_device_mappable, BACKENDS};
-use crate::wgpu_hostile::{adopt, configs, heard};
+use crate::wgpu_hostile::{adopt, configs, heard, on_route};
 
 const CHUNK: u64 = 64 << 10;
+
+/// What [`polls_until_ready`] does between two polls here: waits until `device` has finished
+/// everything asked of it, so that a copy that does not yield per chunk would finish in one poll.
+fn idle(device: &wgpu::Device) -> impl FnMut() + '_ {
+    move || {
+        device.poll(wgpu::PollType::wait_indefinitely()).expect("waiting for the device");
+    }
+}
 
 /// A 1 MiB upload with 64 KiB staging chunks is 16 chunks: it is `Pending` at least 15 times on
 /// every route (the staged route once wrote uploads up to 1 MiB through the queue in one poll,
@@ -26,11 +34,11 @@ const CHUNK: u64 = 64 << 10;
 fn a_one_mib_upload_with_64k_chunks_yields_per_chunk() {
     let mut short = Vec::new();
     for (backend, route) in configs() {
-        let Some((_d, _q, a, _w)) = adopt(backend, route, Some(CHUNK)) else { continue };
+        let Some((device, _q, a, _w)) = adopt(backend, route, Some(CHUNK)) else { continue };
         let n = 1 << 20;
         let data = pattern(n, 5);
         let p = a.allocate(n, 0, DEFAULT_ALIGNMENT).unwrap();
-        let (r, polls) = polls_until_ready(a.copy_host_to_device_async(p, &data, 0));
+        let (r, polls) = polls_until_ready(a.copy_host_to_device_async(p, &data, 0), idle(&device));
         r.unwrap();
         let mut back = vec![0u8; n];
         a.copy_device_to_host(&mut back, p, 0).unwrap();
@@ -63,13 +71,14 @@ fn cross_device_async_copies_yield_per_chunk() {
     host.copy_host_to_device(h, &data, 0).unwrap();
     let g = gpu.allocate(n, 0, DEFAULT_ALIGNMENT).unwrap();
     let (cpu, vk) = (Device::new(DeviceType::Cpu, 0), Device::new(DeviceType::Vulkan, 0));
-    let (r, up) = polls_until_ready(registry.copy_async(vk, g, cpu, h, n));
+    let device = gpu.device(0).unwrap();
+    let (r, up) = polls_until_ready(registry.copy_async(vk, g, cpu, h, n), idle(device));
     r.unwrap();
     let mut back = vec![0u8; n];
     gpu.copy_device_to_host(&mut back, g, 0).unwrap();
     assert!(back == data, "host -> vulkan differs");
     host.copy_host_to_device(h, &vec![0u8; n], 0).unwrap();
-    let (r, down) = polls_until_ready(registry.copy_async(cpu, h, vk, g, n));
+    let (r, down) = polls_until_ready(registry.copy_async(cpu, h, vk, g, n), idle(device));
     r.unwrap();
     host.copy_device_to_host(&mut back, h, 0).unwrap();
     assert!(back == data, "vulkan -> host differs");
@@ -296,23 +305,24 @@ fn an_async_copy_does_at_most_one_chunk_of_work_per_poll() {
             let Some((device, queue)) = app_device_mappable(backend) else { continue };
             let options =
                 WgpuOptions { route: Some(route), staging_chunk: Some(1 << 20), ..WgpuOptions::default() };
-            let Ok(a) = WgpuAllocator::from_device_with_options(device, queue, options) else { continue };
+            let made = WgpuAllocator::from_device_with_options(device.clone(), queue, options);
+            let Some(a) = on_route(backend, route, made) else { continue };
             let what = format!("{backend:?} {route:?}");
             let n = 16 << 20;
             let data = pattern(n, 21);
             let p = a.allocate(n, 0, DEFAULT_ALIGNMENT).unwrap();
             let q = a.allocate(n, 0, DEFAULT_ALIGNMENT).unwrap();
-            let (r, polls) = polls_until_ready(a.copy_host_to_device_async(p, &data, 0));
+            let (r, polls) = polls_until_ready(a.copy_host_to_device_async(p, &data, 0), idle(&device));
             r.unwrap_or_else(|e| panic!("{what}: {e}"));
             assert!(polls >= 15, "{what}: a 16 MiB upload was Pending only {polls} times");
             let mut back = vec![0u8; n];
-            let (r, polls) = polls_until_ready(a.copy_device_to_host_async(&mut back, p, 0));
+            let (r, polls) = polls_until_ready(a.copy_device_to_host_async(&mut back, p, 0), idle(&device));
             r.unwrap_or_else(|e| panic!("{what}: {e}"));
             assert!(polls >= 15, "{what}: a 16 MiB download was Pending only {polls} times");
             assert!(back == data, "{what}: the download differs");
             let ragged =
                 a.copy_device_to_device_async(q.offset(1).unwrap(), 0, p.offset(3).unwrap(), 0, n - 8);
-            let (r, polls) = polls_until_ready(ragged);
+            let (r, polls) = polls_until_ready(ragged, idle(&device));
             r.unwrap_or_else(|e| panic!("{what}: {e}"));
             assert!(polls >= 15, "{what}: a 16 MiB ragged copy was Pending only {polls} times");
             a.copy_device_to_host(&mut back[..n - 8], q.offset(1).unwrap(), 0).unwrap();

@@ -12,11 +12,15 @@ use devalloc::wgpu::{Route, WgpuAllocator, WgpuOptions};
 /// An allocator on `backend`, or `None` (saying why) where this machine has no such adapter;
 /// under CI a missing adapter fails.
 fn open(backend: wgpu::Backend, options: WgpuOptions) -> Option<WgpuAllocator> {
+    let route = options.route;
     match WgpuAllocator::with_options(backend, options) {
         Ok(a) => Some(a),
         Err(e) if conformance::in_ci() => panic!("no {backend:?} adapter under CI: {e}"),
         Err(e) => {
-            eprintln!("SKIPPED on {backend:?}: {e}");
+            conformance::skip(
+                "a wgpu memory test",
+                &format!("no {backend:?} allocator (route {route:?}): {e}"),
+            );
             None
         }
     }
@@ -81,32 +85,49 @@ fn held(options: WgpuOptions, trace: &Trace) -> Option<(u64, u64)> {
     Some((backend, r.peak_reserved))
 }
 
+/// What wgpu's allocator held over the pool's peak reserved with devalloc's hints (4 MiB
+/// blocks), per history and for 2-4 MiB tensors (the worst case), measured on lavapipe (Mesa
+/// 22.3): the replay is single-threaded, so there they repeat exactly.
+const MEASURED: [(&str, f64); 6] = [
+    ("convnet", 1.054),
+    ("decode", 1.229),
+    ("large", 1.113),
+    ("mlp_train", 1.020),
+    ("transformer", 1.019),
+    ("2-4 MiB tensors", 1.371),
+];
+
+/// The margin over [`MEASURED`]: another Vulkan driver aligns and places buffers its own way
+/// within the same 4 MiB blocks. 5% (the worst case's bound is then 1.44x).
+const MARGIN: f64 = 1.05;
+
 #[test]
 fn wgpus_own_blocks_stay_close_to_what_the_pool_holds() {
     let performance =
         || WgpuOptions { memory_hints: wgpu::MemoryHints::Performance, ..WgpuOptions::default() };
-    for (name, trace) in traces() {
+    let mut traces = traces();
+    traces.push(("2-4 MiB tensors".to_string(), adversarial()));
+    for (name, trace) in traces {
         let Some((backend, pool)) = held(WgpuOptions::default(), &trace) else { return };
         let (wgpus, _) = held(performance(), &trace).unwrap();
+        let ratio = backend as f64 / pool as f64;
         eprintln!(
-            "{name}: wgpu held {backend} bytes beneath a peak reserved of {pool} ({:.3}x); {wgpus} with wgpu's default hints",
-            backend as f64 / pool as f64
+            "{name}: wgpu held {backend} bytes beneath a peak reserved of {pool} ({ratio:.3}x); {wgpus} with \
+             wgpu's default hints"
         );
-        if trace.lower_bound() >= 16 << 20 {
-            assert!(backend * 4 <= pool * 5, "{name}: wgpu held {backend} beneath a peak reserved of {pool}");
-        }
+        let measured = MEASURED.iter().find(|(n, _)| *n == name).unwrap().1;
         assert!(
-            backend <= wgpus,
-            "{name}: the hints reach wgpu ({backend} with devalloc's, {wgpus} with wgpu's)"
+            ratio <= measured * MARGIN,
+            "{name}: wgpu held {backend} beneath a peak reserved of {pool}: {ratio:.3}x, measured {measured}x"
+        );
+        // The hints reach wgpu: its default (`Performance`) took blocks of 64 MiB and more on
+        // lavapipe, at least 9.5 MiB more than devalloc's on every history; ignored hints would
+        // hold the same.
+        assert!(
+            backend + (4 << 20) <= wgpus,
+            "{name}: the hints did not reach wgpu ({backend} bytes with devalloc's, {wgpus} with wgpu's)"
         );
     }
-    // Sizes just past half a block: what 4 MiB blocks cost at worst, printed for the docs.
-    let Some((backend, pool)) = held(WgpuOptions::default(), &adversarial()) else { return };
-    eprintln!(
-        "2-4 MiB tensors: wgpu held {backend} bytes beneath {pool} ({:.3}x)",
-        backend as f64 / pool as f64
-    );
-    assert!(backend < 2 * pool + (8 << 20), "{backend} beneath {pool}");
 }
 
 #[test]

@@ -1,7 +1,9 @@
 // The cost of the boundary: an allocate + free of a cached size through ExecuTorch's interface
 // (its DeviceAllocator, and its DeviceMemoryBuffer::create + destructor) beside the same cycle
 // called from Rust on the same allocator (devalloc_selftest_cycle). Rounds alternate between
-// the ways and the medians are printed, with the ratio (the goal: at most 1.5x).
+// the ways and the medians are printed, with the ratio: a figure, reported, not judged (a
+// cycle is tens of nanoseconds, and a shared or throttled machine moves it by more than the
+// boundary costs). It fails only when an allocation fails.
 //
 //   executorch_bench [iterations per round, default 100000]
 #include "support.hpp"
@@ -64,7 +66,7 @@ int bench(DeviceType type, uint64_t iterations) {
   std::printf("  from Rust (devalloc_selftest_cycle)                      %7.1f ns\n", r);
   std::printf("  through ExecuTorch's DeviceAllocator (adapter + C ABI)   %7.1f ns  (%.2fx Rust)\n", et, et / r);
   std::printf("  through ExecuTorch's DeviceMemoryBuffer::create + free   %7.1f ns  (%.2fx Rust)\n", buf, buf / r);
-  std::printf("  goal: at most 1.5x; cache hits %llu of %llu allocations; failures %d\n",
+  std::printf("  (ratios are figures, not pass/fail); cache hits %llu of %llu allocations; failures %d\n",
               (unsigned long long)s.cache_hits, (unsigned long long)s.allocations, failures);
   return failures == 0 ? 0 : 1;
 }

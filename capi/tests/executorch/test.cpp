@@ -90,8 +90,25 @@ TEST(Registration, ErrorsMapToExecuTorchs) {
   EXPECT_EQ(to_error(DEVALLOC_STATUS_NOT_FOUND), Error::NotFound);
   EXPECT_EQ(to_error(DEVALLOC_STATUS_NOT_SUPPORTED), Error::NotSupported);
   EXPECT_EQ(to_error(DEVALLOC_STATUS_DEVICE_LOST), Error::AccessFailed);
+  EXPECT_EQ(to_error(DEVALLOC_STATUS_IO), Error::AccessFailed);
+  EXPECT_EQ(to_error(DEVALLOC_STATUS_BACKEND), Error::Internal);
   EXPECT_EQ(to_error(DEVALLOC_STATUS_INTERNAL), Error::Internal);
   EXPECT_EQ(to_error(static_cast<DevallocStatus>(99)), Error::Internal);
+}
+
+/// The statuses a call really returns, mapped: IO (a snapshot that cannot be written) is
+/// AccessFailed, INTERNAL (a panic caught at the boundary) is Internal. BACKEND is a driver's or
+/// wgpu's own failure, which no call on CPU memory can be made to return: its mapping is
+/// checked above.
+TEST(Registration, StatusesThatCallsReturnMapToExecuTorchs) {
+  using devalloc::executorch::to_error;
+  DevallocStatus io = devalloc_snapshot_to_file(DEVALLOC_ALL_DEVICE_TYPES, "/nonexistent-devalloc-dir/snap.json");
+  ASSERT_EQ(io, DEVALLOC_STATUS_IO) << devalloc_last_error();
+  EXPECT_NE(std::strstr(devalloc_last_error(), "nonexistent-devalloc-dir"), nullptr) << devalloc_last_error();
+  EXPECT_EQ(to_error(io), Error::AccessFailed);
+  DevallocStatus internal = devalloc_selftest_panic();
+  ASSERT_EQ(internal, DEVALLOC_STATUS_INTERNAL);
+  EXPECT_EQ(to_error(internal), Error::Internal);
 }
 
 /// Freed by its destructor after main returns: the adapter must still be there then (a

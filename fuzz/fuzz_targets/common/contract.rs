@@ -12,10 +12,13 @@ mod ops;
 pub use ops::Op;
 use ops::Target;
 
-/// An allocation the model knows: its base and the bytes it holds.
+/// An allocation the model knows: its base, the bytes it holds, and whether it may be a piece
+/// of a split block (it was served from the cache, on an allocator whose blocks split: the
+/// model cannot tell a whole cached block from a free range of a split one).
 struct Block {
     base: u64,
     bytes: Vec<u8>,
+    piece: bool,
 }
 
 /// What the model says about an address.
@@ -49,7 +52,21 @@ pub struct Model<'a> {
     deallocations: u64,
     /// Whether the allocator may hold staging buffers (`staging_bytes` > 0: wgpu).
     wide: bool,
+    /// Whether its cached blocks split (host memory and CUDA; never wgpu, so there every cached
+    /// byte is a whole block that `empty_cache` gives back).
+    splits: bool,
+    /// The allocation the last call made, to be marked a piece or not once its stats are read.
+    made: Option<(Kind, usize)>,
+    /// Whether the last call freed allocations, none of them a possible piece.
+    freed_whole: bool,
+    /// Bytes of whole blocks known to be cached: blocks of allocations that were no piece, freed
+    /// into the cache since the cache last served a request or gave anything back (after which
+    /// the model no longer knows which blocks are there). `empty_cache` gives at least these back.
+    whole_cached: u64,
 }
+
+/// Whether an error is the one the contract names for a call.
+type ErrorCheck = fn(&Error) -> bool;
 
 fn pattern(n: usize, seed: u64) -> Vec<u8> {
     (0..n).map(|i| (i as u64).wrapping_mul(0x9e37_79b9).wrapping_add(seed).to_le_bytes()[3]).collect()
@@ -80,7 +97,17 @@ impl<'a> Model<'a> {
             allocations,
             deallocations,
             wide,
+            splits: matches!(a.device_type(), devalloc::DeviceType::Cpu | devalloc::DeviceType::Cuda),
+            made: None,
+            freed_whole: false,
+            whole_cached: 0,
         }
+    }
+
+    /// Whether a live or planned allocation may be a piece of a split block (whose free ranges
+    /// `empty_cache` cannot give back).
+    fn any_piece(&self) -> bool {
+        self.live.iter().chain(self.planned.iter().map(|(_, b)| b)).any(|b| b.piece)
     }
 
     fn block(&self, kind: Kind, i: usize) -> &Block {
@@ -132,7 +159,7 @@ impl<'a> Model<'a> {
 
     /// The contract's answer for `len` bytes at `addr`: the block and offset, or an error
     /// check on what the allocator said.
-    fn range(&self, addr: u64, len: usize) -> Result<(Kind, usize, usize), fn(&Error) -> bool> {
+    fn range(&self, addr: u64, len: usize) -> Result<(Kind, usize, usize), ErrorCheck> {
         match self.place(addr) {
             Place::In(k, i, off) if len <= self.block(k, i).bytes.len() - off => Ok((k, i, off)),
             Place::In(..) => Err(|e| matches!(e, Error::OutOfBounds { .. })),
@@ -207,8 +234,10 @@ impl<'a> Model<'a> {
     /// Runs one call, checks its answer, the stats and the bytes it touched.
     pub fn step(&mut self, op: &Op) {
         let before = self.a.stats(0).expect("stats");
+        (self.made, self.freed_whole) = (None, false);
         let refused = self.apply(op);
         let after = self.a.stats(0).expect("stats");
+        self.track_cache(&before, &after);
         let plain = |s: &AllocatorStats| {
             let mut s = *s;
             s.staging_bytes = 0;
@@ -245,6 +274,29 @@ impl<'a> Model<'a> {
         self.check_stats(&after);
     }
 
+    /// After a call (stats `before` and `after` it): marks the allocation it made a possible
+    /// piece if the cache served it, and keeps `whole_cached` to what the model knows.
+    fn track_cache(&mut self, before: &AllocatorStats, after: &AllocatorStats) {
+        let hit = after.cache_hits > before.cache_hits;
+        if let Some((kind, i)) = self.made.take() {
+            self.block_mut(kind, i).piece = self.splits && hit;
+        }
+        // Whole blocks went to the cache, and nothing else moved: the cache grew by exactly what
+        // stopped being live, and nothing was given back.
+        let live = |s: &AllocatorStats| s.reserved_bytes - s.cached_bytes;
+        let grew = after.cached_bytes.checked_sub(before.cached_bytes);
+        if self.freed_whole
+            && after.reserved_bytes == before.reserved_bytes
+            && grew == live(before).checked_sub(live(after))
+        {
+            self.whole_cached += grew.unwrap_or(0);
+        } else if hit || after.cached_bytes != before.cached_bytes {
+            // A cached block served a request, some were given back (the budget, a limit), or a
+            // piece's range went back to its block: which blocks are whole now, the model cannot say.
+            self.whole_cached = 0;
+        }
+    }
+
     fn alloc_result(
         &mut self,
         r: devalloc::Result<DevicePtr>,
@@ -263,13 +315,14 @@ impl<'a> Model<'a> {
                     assert!(apart, "{p} ({size} bytes) overlaps the allocation at {:#x}", b.base);
                 }
                 self.allocations += 1;
-                let block = Block { base: p.addr(), bytes: vec![0; size] };
+                let block = Block { base: p.addr(), bytes: vec![0; size], piece: false };
                 if kind == Kind::Live {
                     self.live.push(block)
                 } else {
                     self.planned.push((id, block))
                 }
                 let i = if kind == Kind::Live { self.live.len() } else { self.planned.len() } - 1;
+                self.made = Some((kind, i));
                 self.write_init(kind, i);
                 Refused::No
             }

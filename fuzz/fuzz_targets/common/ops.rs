@@ -76,12 +76,15 @@ impl Model<'_> {
                 match (self.place(addr), r) {
                     (Place::In(Kind::Live, i, 0), Ok(())) => {
                         self.deallocations += 1;
-                        self.freed.push(self.live.swap_remove(i).base);
+                        let b = self.live.swap_remove(i);
+                        self.freed_whole = !b.piece;
+                        self.freed.push(b.base);
                         Refused::No
                     }
                     (Place::In(Kind::Planned, i, 0), Ok(())) => {
                         self.deallocations += 1;
                         let (id, b) = self.planned.swap_remove(i);
+                        self.freed_whole = !b.piece;
                         self.orphans.push((id, b.base, b.bytes.len()));
                         self.freed.push(b.base);
                         Refused::No
@@ -211,6 +214,7 @@ impl Model<'_> {
                     );
                     self.orphans.clear();
                 }
+                self.freed_whole = self.planned.iter().all(|(_, b)| !b.piece);
                 for (_, b) in self.planned.drain(..) {
                     self.deallocations += 1;
                     self.freed.push(b.base);
@@ -221,8 +225,6 @@ impl Model<'_> {
                 let before = a.stats(0).expect("stats");
                 let given = a.empty_cache();
                 let after = a.stats(0).expect("stats");
-                // Free ranges of split blocks (host memory) stay while a piece of their block is
-                // live: everything else goes back, and with nothing live, everything.
                 assert!(
                     given <= before.cached_bytes,
                     "empty_cache gave back {given}, more than was cached: {before:?}"
@@ -232,13 +234,25 @@ impl Model<'_> {
                     (before.cached_bytes - given, before.reserved_bytes - given),
                     "{after:?}"
                 );
-                if after.live_allocations == 0 {
+                // Every cached byte goes back, but the free ranges of a split block (host memory,
+                // CUDA) with a live piece: where nothing splits (wgpu), where no allocation the
+                // model holds may be a piece, or where nothing is live, all of it.
+                if !self.splits || !self.any_piece() || after.live_allocations == 0 {
                     assert_eq!(
                         (given, after.cached_bytes),
                         (before.cached_bytes, 0),
-                        "nothing live: {after:?}"
+                        "empty_cache kept cached bytes with no split block to keep them \
+                         (splits: {}, live: {})",
+                        self.splits,
+                        after.live_allocations
                     );
                 }
+                // And at least the whole blocks the model knows are cached.
+                assert!(
+                    given >= self.whole_cached,
+                    "empty_cache gave back {given}, less than the {} bytes of whole blocks cached",
+                    self.whole_cached
+                );
                 Refused::No
             }
             Op::SetLimit(v) => {

@@ -29,7 +29,11 @@ async fn gpu() -> &'static WgpuAllocator {
 async fn triples_on_the_gpu() {
     let values: Vec<f32> = (0..500).map(|i| i as f32 - 100.0).collect();
     let out = web_app::triple(gpu().await, &values).await.unwrap();
-    assert!(out.iter().zip(&values).all(|(o, v)| *o == v * 3.0));
+    // Every value, and no more or fewer: `zip(..).all(..)` would pass an empty output, and a
+    // NaN is never equal to what was expected.
+    let want: Vec<f32> = values.iter().map(|v| v * 3.0).collect();
+    assert_eq!(out.len(), want.len(), "the output's length");
+    assert_eq!(out, want);
 }
 
 #[wasm_bindgen_test]
