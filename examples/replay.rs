@@ -6,7 +6,11 @@
 //! CubeCL's memory management holds (the real one, pinned, as cubecl-wgpu configures it, over a
 //! storage that only counts bytes: `support/cubecl_peer.rs` says what is modelled).
 //!
-//!     cargo run --release --example replay -- FILE... [--backend host|vulkan|gl] [--limit BYTES] [--find-limit] [--repeat N]
+//!     cargo run --release --example replay -- FILE... [--backend host|vulkan|gl|wgpu-policy] [--limit BYTES] [--find-limit] [--repeat N]
+//!
+//! `--backend wgpu-policy`: wgpu's policy (blocks never split) over a storage that only counts
+//! (`support/counting.rs`): devalloc's figures are what Vulkan's would be, in milliseconds and
+//! without a GPU; the backend's own blocks beneath are not modelled.
 //!
 //! FILE: a devalloc snapshot with history (`cargo run --example tour -- --snapshot FILE`, or
 //! the page's), one replay per device; or a MiniMalloc CSV (`id,lower,upper,size`: each buffer
@@ -14,13 +18,19 @@
 //! scripts can read (`backend_reserved`: the most the backend's own allocator report said it
 //! held, where it keeps one: wgpu on Vulkan and DX12):
 //!
-//!     replay: file=NAME backend=B lower_bound=N peak_live=N peak_reserved=N device_allocs=N steady_after=STEP [backend_reserved=N] [min_limit=N ratio=X]
+//!     replay: file=NAME backend=B lower_bound=N peak_live=N peak_reserved=N device_allocs=N steady_after=STEP
+//!             largest_request=N cubecl_largest_page=N [backend_reserved=N] unshared_bound=N [min_limit=N ratio=X]
 //!             pytorch_peak_reserved=N cubecl_peak_reserved=N|cubecl_refused=1 [pytorch_min_limit=N pytorch_ratio=X]
 //!             [repeat=N allocs_per_repeat=A,B,...]
+//!
+//! CubeCL refuses a request larger than its largest page (`cubecl_refused=1`, and
+//! `largest_request` > `cubecl_largest_page` says why); any other refusal fails the replay.
 //!
 //! `--repeat N` replays each history N times in a row (a training or serving loop), everyone's
 //! figures over all of it, and counts the device allocations of each repetition: a workload
 //! that repeats should settle, with none in its last repetitions.
+#[path = "support/counting.rs"]
+mod counting;
 #[path = "support/cubecl_peer.rs"]
 mod cubecl_peer;
 #[path = "support/logging.rs"]
@@ -29,7 +39,7 @@ mod logging;
 use std::process::ExitCode;
 
 use devalloc::plan::Instance;
-use devalloc::replay::{find_min_limit, pytorch_min_limit, pytorch_replay, replay, Trace};
+use devalloc::replay::{find_min_limit, pytorch_min_limit, pytorch_replay, replay, Trace, TraceEvent};
 use devalloc::snapshot::Snapshot;
 use devalloc::wgpu::{WgpuAllocator, WgpuOptions};
 use devalloc::{HostAllocator, PoolOptions};
@@ -48,7 +58,9 @@ fn parse() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
-            "--backend" => args.backend = it.next().ok_or("--backend needs host, vulkan or gl")?,
+            "--backend" => {
+                args.backend = it.next().ok_or("--backend needs host, vulkan, gl or wgpu-policy")?
+            }
             "--limit" => {
                 let v = it.next().ok_or("--limit needs a number of bytes")?;
                 args.limit = Some(v.parse().map_err(|_| format!("--limit: not a number of bytes: {v}"))?);
@@ -66,8 +78,8 @@ fn parse() -> Result<Args, String> {
     if args.files.is_empty() {
         return Err("name a snapshot (JSON) or a MiniMalloc CSV".into());
     }
-    if !["host", "vulkan", "gl"].contains(&args.backend.as_str()) {
-        return Err(format!("--backend: host, vulkan or gl, not {}", args.backend));
+    if !["host", "vulkan", "gl", "wgpu-policy"].contains(&args.backend.as_str()) {
+        return Err(format!("--backend: host, vulkan, gl or wgpu-policy, not {}", args.backend));
     }
     Ok(args)
 }
@@ -128,6 +140,9 @@ fn run<T: devalloc::backend::Pooled>(
         }
     }
     println!("  peak live      {:>12}  {:.3}x", r.peak_live, ratio(r.peak_live));
+    // What settling costs where no block is shared (wgpu): any such allocator, at least (a floor).
+    let unshared = trace.unshared_bound();
+    println!("  settling with no block shared needs at least {unshared} ({:.3}x)", ratio(unshared));
     println!("  peak reserved  {:>12}  {:.3}x (devalloc's)", r.peak_reserved, ratio(r.peak_reserved));
     if let Some(b) = r.backend_peak_reserved {
         println!("  backend        {:>12}  {:.3}x (the backend's own report)", b, ratio(b));
@@ -147,7 +162,8 @@ fn run<T: devalloc::backend::Pooled>(
     );
     // CubeCL's pool takes no limit: it is replayed as it runs by default.
     // A request past CubeCL's largest page (128 MiB under WebGPU's default limits) is one it
-    // refuses: a finding about the peer, not an error of this replay.
+    // refuses: a finding about the peer, not an error of this replay. Any other refusal is an
+    // error (the model is wrong), and fails the replay.
     let cubecl = match cubecl_peer::cubecl_replay(trace) {
         Ok(c) => {
             println!(
@@ -158,24 +174,34 @@ fn run<T: devalloc::backend::Pooled>(
             );
             Some(c)
         }
-        Err(e) if e.contains("bytes refused") => {
-            println!("  CubeCL's pool refuses this history: {}", e.lines().next().unwrap_or_default());
+        Err(e @ cubecl_peer::CubeclError::Refused { .. }) => {
+            println!("  CubeCL's pool refuses this history: {e}");
             None
         }
-        Err(e) => return Err(devalloc::Error::invalid_argument(e)),
+        Err(e) => return Err(devalloc::Error::invalid_argument(e.to_string())),
     };
+    let largest = trace
+        .events
+        .iter()
+        .filter_map(|(_, e)| match e {
+            TraceEvent::Alloc { size, .. } => Some(*size),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0);
     let steady = r.steady_after.map_or("none".to_string(), |s| s.to_string());
     println!(
         "  device allocations {}, cache hits {}, no device allocation after step {steady}",
         r.device_allocations, r.cache_hits
     );
     let mut line = format!(
-        "replay: file={name} backend={} lower_bound={lb} peak_live={} peak_reserved={} device_allocs={} steady_after={steady}",
-        args.backend, r.peak_live, r.peak_reserved, r.device_allocations
+        "replay: file={name} backend={} lower_bound={lb} peak_live={} peak_reserved={} device_allocs={} steady_after={steady} largest_request={largest} cubecl_largest_page={}",
+        args.backend, r.peak_live, r.peak_reserved, r.device_allocations, cubecl_peer::largest_page()
     );
     if let Some(b) = r.backend_peak_reserved {
         line += &format!(" backend_reserved={b}");
     }
+    line += &format!(" unshared_bound={unshared}");
     if args.find_limit {
         match find_min_limit(&make, trace, 0)? {
             Some(min) => {
@@ -245,6 +271,9 @@ fn main() -> ExitCode {
             let cached = PoolOptions { caching: true, ..PoolOptions::default() };
             let done = match args.backend.as_str() {
                 "host" => run(&name, &trace, &args, || HostAllocator::with_options(cached.clone())),
+                "wgpu-policy" => {
+                    run(&name, &trace, &args, || counting::allocator(WgpuOptions::default().pool))
+                }
                 b => {
                     let backend = if b == "gl" { wgpu::Backend::Gl } else { wgpu::Backend::Vulkan };
                     run(&name, &trace, &args, || WgpuAllocator::with_options(backend, WgpuOptions::default()))

@@ -25,6 +25,7 @@ use crate::ptr::DevicePtr;
 use crate::snapshot::{EventKind, HistorySnapshot};
 use crate::storage::Storage;
 
+mod bounds;
 mod pytorch;
 pub use pytorch::{pytorch_min_limit, pytorch_replay, PyTorchReport};
 
