@@ -124,6 +124,7 @@ pub mod backend;
 mod bounce;
 mod buffer;
 mod checks;
+mod clock;
 #[cfg(all(feature = "cuda", native))]
 pub mod cuda;
 mod device;

@@ -77,7 +77,7 @@ pub struct Snapshot {
 impl Snapshot {
     /// A snapshot of `devices`, stamped with the time now.
     pub fn new(devices: Vec<DeviceSnapshot>) -> Self {
-        Snapshot { format: FORMAT.into(), version: VERSION, taken_us: crate::pool::now_us(), devices }
+        Snapshot { format: FORMAT.into(), version: VERSION, taken_us: crate::clock::now_us(), devices }
     }
 
     /// The JSON text.

@@ -4,6 +4,7 @@ use std::fmt::Debug;
 
 use crate::allocator::BoxFuture;
 use crate::bounce::yield_now;
+use crate::checks::round_up;
 use crate::device::Device;
 use crate::error::Result;
 use crate::WasmNotSendSync;
@@ -38,7 +39,7 @@ pub trait Storage: WasmNotSendSync {
     /// overflow.
     /// Default: the size rounded up to 512 bytes.
     fn size_class(&self, size: u64) -> Option<u64> {
-        crate::pool::default_size_class(size)
+        default_size_class(size)
     }
 
     /// Whether one block may hold several allocations (a cached block split for smaller
@@ -253,4 +254,32 @@ pub trait Storage: WasmNotSendSync {
 /// A piece length for the default async twins: at least 4 KiB, at most what a `usize` holds.
 fn piece_len(chunk: u64) -> usize {
     usize::try_from(chunk.max(4096)).unwrap_or(usize::MAX)
+}
+
+/// Capacity of a block for a request of `size` bytes: the size rounded up to 512 bytes; `None`
+/// on overflow.
+pub(crate) fn default_size_class(size: u64) -> Option<u64> {
+    round_up(size.max(1), GRANULE)
+}
+
+/// What a block's capacity is a multiple of by default (as PyTorch rounds small requests).
+pub(crate) const GRANULE: u64 = 512;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_classes_round_to_512_bytes() {
+        assert_eq!(default_size_class(1), Some(512));
+        assert_eq!(default_size_class(512), Some(512));
+        assert_eq!(default_size_class(513), Some(1024));
+        assert_eq!(default_size_class(1 << 20), Some(1 << 20));
+        assert_eq!(default_size_class((1 << 20) + 1), Some((1 << 20) + 512));
+        for s in (1..5000u64).chain([12345, 1 << 30, (1 << 30) + 7, 3 << 40]) {
+            let c = default_size_class(s).unwrap();
+            assert!(c >= s && c.is_multiple_of(512) && c - s < 512, "{s} -> {c}");
+        }
+        assert_eq!(default_size_class(u64::MAX), None);
+    }
 }

@@ -22,7 +22,7 @@ pub(crate) const PAGE: u64 = 2 << 20;
 /// The capacity of a cached block for `size` bytes (see the module docs); `None` on overflow.
 pub(crate) fn size_class(size: u64) -> Option<u64> {
     if size < PAGE {
-        crate::pool::default_size_class(size)
+        crate::storage::default_size_class(size)
     } else {
         round_up(size, PAGE)
     }

@@ -13,7 +13,7 @@ use super::frames::mix;
 use super::preorder::{preorder_keys, Preorder};
 use super::problem::Problem;
 use super::state::State;
-use crate::pool::now_us;
+use crate::clock::now_us;
 
 /// How many candidates a step tries (and compares when it must raise the capacity).
 const TRIES: usize = 8;

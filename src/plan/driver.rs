@@ -8,7 +8,7 @@ use super::problem::Problem;
 use super::search::Engine;
 use super::validate::{lower_bound, validate};
 use super::{executorch_greedy, Error, MemoryPlan, TensorLife};
-use crate::pool::now_us;
+use crate::clock::now_us;
 
 /// Largest problem (overlap-list plus section entries) the search and the dives take on.
 pub(crate) const MAX_PROBLEM_ENTRIES: usize = 1 << 23;

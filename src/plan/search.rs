@@ -26,7 +26,7 @@ use super::frames::{mix, AndFrame, Frame, Limits, OrFrame, Outcome, Part, Status
 use super::preorder::{preorder_keys, Preorder, PREORDERS};
 use super::problem::Problem;
 use super::state::{State, UNPLACED};
-use crate::pool::now_us;
+use crate::clock::now_us;
 
 /// Runs the search with one preorder and the given limits.
 pub(crate) struct Engine<'a> {

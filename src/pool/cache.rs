@@ -1,9 +1,7 @@
-//! The pool's cache of freed blocks, keyed by what a block can be reused for, and its size
-//! classes.
+//! The pool's cache of freed blocks, keyed by what a block can be reused for (the default size
+//! class is `storage.rs`'s, beside the trait whose `size_class` it is).
 
 use std::collections::{BTreeMap, VecDeque};
-
-use crate::checks::round_up;
 
 /// What a cached block can serve: the alignment the block itself has, the backend's params,
 /// and its capacity. Ordered by (alignment, params, capacity), so that the blocks that can
@@ -272,15 +270,6 @@ impl<B, P: Ord + Clone> BlockCache<B, P> {
     }
 }
 
-/// Capacity of a block for a request of `size` bytes: the size rounded up to 512 bytes; `None`
-/// on overflow.
-pub(crate) fn size_class(size: u64) -> Option<u64> {
-    round_up(size.max(1), GRANULE)
-}
-
-/// What a block's capacity is a multiple of by default (as PyTorch rounds small requests).
-pub(crate) const GRANULE: u64 = 512;
-
 /// The largest cached block a request of `capacity` takes: an eighth more (the most a reuse
 /// wastes).
 pub(crate) fn reuse_bound(capacity: u64) -> u64 {
@@ -292,17 +281,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn size_classes_round_to_512_bytes() {
-        assert_eq!(size_class(1), Some(512));
-        assert_eq!(size_class(512), Some(512));
-        assert_eq!(size_class(513), Some(1024));
-        assert_eq!(size_class(1 << 20), Some(1 << 20));
-        assert_eq!(size_class((1 << 20) + 1), Some((1 << 20) + 512));
-        for s in (1..5000u64).chain([12345, 1 << 30, (1 << 30) + 7, 3 << 40]) {
-            let c = size_class(s).unwrap();
-            assert!(c >= s && c.is_multiple_of(512) && c - s < 512, "{s} -> {c}");
-        }
-        assert_eq!(size_class(u64::MAX), None);
+    fn the_reuse_bound_is_an_eighth_more() {
         assert_eq!(reuse_bound(800), 900);
         assert_eq!(reuse_bound(u64::MAX), u64::MAX);
     }

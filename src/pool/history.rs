@@ -5,6 +5,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 
 use super::{lock, Pool};
+use crate::clock::now_us;
 use crate::snapshot::{CopyCounts, Event, EventKind, HistorySnapshot};
 use crate::storage::Storage;
 
@@ -24,28 +25,6 @@ pub(crate) enum CopyKind {
     HostToDevice,
     DeviceToHost,
     DeviceToDevice,
-}
-
-/// Microseconds since the first call in this process.
-#[cfg(native)]
-pub(crate) fn now_us() -> u64 {
-    use std::sync::OnceLock;
-    use std::time::Instant;
-    static START: OnceLock<Instant> = OnceLock::new();
-    START.get_or_init(Instant::now).elapsed().as_micros() as u64
-}
-
-/// Microseconds since the first call in this process (the page's clock in the browser).
-#[cfg(web)]
-pub(crate) fn now_us() -> u64 {
-    use std::sync::atomic::AtomicU64;
-    static START: AtomicU64 = AtomicU64::new(0);
-    let now = (js_sys::Date::now() * 1000.0) as u64;
-    let start = match START.compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed) {
-        Ok(_) => now,
-        Err(s) => s,
-    };
-    now.saturating_sub(start)
 }
 
 impl<S: Storage> Pool<S> {

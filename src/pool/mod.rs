@@ -73,12 +73,10 @@ use std::collections::BTreeMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
-pub(crate) use self::history::now_us;
 use self::history::History;
 
 use self::address::{AddressWindow, SharedWindow, Span, MAX_DEVICES, MAX_WINDOW_BITS};
 use self::budget::Budget;
-pub(crate) use self::cache::size_class as default_size_class;
 use self::cache::{BlockCache, Key};
 use self::pieces::{Holder, Pieces};
 use crate::allocator::AllocatorStats;

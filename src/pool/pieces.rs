@@ -143,7 +143,7 @@ impl<B, P: Ord + Clone> Pieces<B, P> {
     /// gives ([`Pieces::take_at`] takes it).
     pub fn find(&self, key: &Key<P>, want: u64) -> Option<Spot> {
         let exact = key.capacity;
-        let unit = key.alignment.max(super::cache::GRANULE);
+        let unit = key.alignment.max(crate::storage::GRANULE);
         let lo = (key.alignment, key.params.clone(), exact, 0, 0);
         let hi = (key.alignment, key.params.clone(), u64::MAX, u64::MAX, u64::MAX);
         self.index.range(lo..=hi).take(64).find_map(|&(_, _, r_len, id, r_at)| {

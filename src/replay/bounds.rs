@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::{Trace, TraceEvent};
-use crate::pool::default_size_class;
+use crate::storage::default_size_class;
 
 impl Trace {
     /// A floor under what an allocator that never shares a block (each block serves one

@@ -119,8 +119,8 @@ impl<'a> MapGuard<'a> {
         if !Current::CAN_BLOCK {
             return;
         }
-        let deadline = crate::pool::now_us() + us;
-        while self.state.load(Ordering::Acquire) == PENDING && crate::pool::now_us() < deadline {
+        let deadline = crate::clock::now_us() + us;
+        while self.state.load(Ordering::Acquire) == PENDING && crate::clock::now_us() < deadline {
             Current::poll_now(&self.gpu.device);
             std::thread::yield_now();
         }
