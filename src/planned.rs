@@ -4,9 +4,10 @@
 //! memory id needs; one *planned buffer* is allocated per memory id, and every planned tensor
 //! then lives at `buffer(memory_id) + offset`. Three pieces:
 //!
-//! - `PlanTable` (internal): the bookkeeping (memory id -> planned buffer), bounds-checked
-//!   lookups. The built-in allocators keep one per device behind
-//!   [`crate::DeviceAllocator::init_buffer`].
+//! - `PlanTable` (internal, in the pool's `plans.rs`, beneath this layer): the bookkeeping
+//!   (memory id -> planned buffer), bounds-checked lookups. The built-in allocators' pools keep
+//!   one per device behind [`crate::DeviceAllocator::init_buffer`]; [`PlannedMemory`] keeps its
+//!   own.
 //! - [`PlannedMemory`]: an owner of all the planned buffers of one plan on one device, over
 //!   any allocator; it frees them on drop (ExecuTorch's `HierarchicalAllocator`).
 //! - [`PlanLayout`]: a helper for writing a plan of your own, placing tensors at offsets that
@@ -17,109 +18,11 @@
 //! first), then ask for addresses; `release` frees the buffers. Addresses handed out earlier
 //! are invalid after the release.
 
-use std::collections::BTreeMap;
-
 use crate::allocator::{DeviceAllocator, DEFAULT_ALIGNMENT};
 use crate::device::{Device, DeviceIndex};
 use crate::error::{Error, Result};
+use crate::pool::PlanTable;
 use crate::ptr::DevicePtr;
-
-/// Memory id -> (base address, size) for the planned buffers of one device.
-#[derive(Debug, Default)]
-pub(crate) struct PlanTable {
-    buffers: BTreeMap<u32, (DevicePtr, u64)>,
-    /// Ids whose buffer is being allocated right now (by `init_buffer` on some thread).
-    pending: std::collections::BTreeSet<u32>,
-}
-
-impl PlanTable {
-    /// An empty table.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Records planned buffer `memory_id` at `base`, `nbytes` long; an error if the id is taken.
-    pub fn insert(&mut self, device: Device, memory_id: u32, base: DevicePtr, nbytes: u64) -> Result<()> {
-        if self.buffers.contains_key(&memory_id) {
-            return Err(Self::already_initialised(device, memory_id));
-        }
-        self.buffers.insert(memory_id, (base, nbytes));
-        Ok(())
-    }
-
-    /// The error for a second `init` of `memory_id`.
-    pub fn already_initialised(device: Device, memory_id: u32) -> Error {
-        Error::invalid_argument(format!(
-            "memory id {memory_id} is already initialised on {device}; release the plan's buffers first"
-        ))
-    }
-
-    /// Whether `memory_id` has a planned buffer, or one is being made.
-    pub fn contains(&self, memory_id: u32) -> bool {
-        self.buffers.contains_key(&memory_id) || self.pending.contains(&memory_id)
-    }
-
-    /// Claims `memory_id` while its buffer is allocated; an error if it is taken.
-    pub fn claim(&mut self, device: Device, memory_id: u32) -> Result<()> {
-        if self.contains(memory_id) {
-            return Err(Self::already_initialised(device, memory_id));
-        }
-        self.pending.insert(memory_id);
-        Ok(())
-    }
-
-    /// Gives up a claim (the allocation failed, or the buffer was inserted).
-    pub fn unclaim(&mut self, memory_id: u32) {
-        self.pending.remove(&memory_id);
-    }
-
-    /// `buffer(memory_id) + offset`, checked so that `nbytes` bytes from there fit in it.
-    pub fn offset_address(
-        &self,
-        device: Device,
-        memory_id: u32,
-        offset: usize,
-        nbytes: usize,
-    ) -> Result<DevicePtr> {
-        let &(base, size) = self.buffers.get(&memory_id).ok_or_else(|| {
-            Error::not_found(format!(
-                "memory id {memory_id} is not initialised on {device} (call init_buffer first)"
-            ))
-        })?;
-        let end = (offset as u64).checked_add(nbytes as u64);
-        if end.is_none_or(|end| end > size) {
-            return Err(Error::OutOfBounds {
-                device,
-                what: format!("planned buffer {memory_id}"),
-                offset: offset as u64,
-                len: nbytes as u64,
-                size,
-            });
-        }
-        base.offset(offset)
-    }
-
-    /// (memory id, base, size) of every planned buffer.
-    pub fn list(&self) -> Vec<(u32, DevicePtr, u64)> {
-        self.buffers.iter().map(|(&id, &(base, size))| (id, base, size)).collect()
-    }
-
-    /// Removes every planned buffer, returning their base addresses (null for empty ones).
-    pub fn take_all(&mut self) -> Vec<(u32, DevicePtr)> {
-        std::mem::take(&mut self.buffers).into_iter().map(|(id, (base, _))| (id, base)).collect()
-    }
-
-    /// Number of planned buffers.
-    pub fn len(&self) -> usize {
-        self.buffers.len()
-    }
-
-    /// Whether there are none.
-    #[cfg(test)]
-    pub fn is_empty(&self) -> bool {
-        self.buffers.is_empty()
-    }
-}
 
 /// Lays out the tensors of a plan of your own, one after another, each at an offset that is
 /// a multiple of `alignment`; [`PlanLayout::size`] is then the planned buffer's size.
@@ -384,7 +287,6 @@ impl Drop for PlannedMemory<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::DeviceType;
 
     #[test]
     fn layouts_align_and_refuse_overflow() {
@@ -396,24 +298,5 @@ mod tests {
         assert!(PlanLayout::new(48).is_err());
         assert!(l.place(usize::MAX - 100).is_err());
         assert_eq!(l.size(), 128, "a refused placement changes nothing");
-    }
-
-    #[test]
-    fn table_checks_ids_and_bounds() {
-        let d = Device::new(DeviceType::Cpu, 0);
-        let mut t = PlanTable::new();
-        t.insert(d, 3, DevicePtr::new(0x1000), 100).unwrap();
-        assert!(t
-            .insert(d, 3, DevicePtr::new(0x2000), 10)
-            .unwrap_err()
-            .to_string()
-            .contains("already initialised"));
-        assert_eq!(t.offset_address(d, 3, 40, 60).unwrap().addr(), 0x1028);
-        assert_eq!(t.offset_address(d, 3, 100, 0).unwrap().addr(), 0x1064);
-        assert!(matches!(t.offset_address(d, 3, 41, 60), Err(Error::OutOfBounds { .. })));
-        assert!(matches!(t.offset_address(d, 3, usize::MAX, 2), Err(Error::OutOfBounds { .. })));
-        assert!(matches!(t.offset_address(d, 4, 0, 1), Err(Error::NotFound { .. })));
-        assert_eq!(t.take_all().len(), 1);
-        assert!(t.is_empty());
     }
 }

@@ -65,6 +65,7 @@ mod history;
 mod larger;
 mod pieces;
 mod plans;
+pub(crate) use self::plans::PlanTable;
 mod refused;
 mod report;
 mod retry;
@@ -82,7 +83,6 @@ use self::pieces::{Holder, Pieces};
 use crate::allocator::AllocatorStats;
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::planned::PlanTable;
 use crate::storage::Storage;
 use crate::sync::lock;
 
