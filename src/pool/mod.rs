@@ -65,7 +65,6 @@ mod history;
 mod larger;
 mod pieces;
 mod plans;
-pub(crate) use self::plans::PlanTable;
 mod refused;
 mod report;
 mod retry;
@@ -73,6 +72,8 @@ mod retry;
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
+
+pub(crate) use self::plans::PlanTable;
 
 use self::history::History;
 

@@ -1,7 +1,7 @@
 //! Planned buffers on a pool: the seed's `init_buffer` / `get_offset_address`, and the table
 //! of them (`PlanTable`, which `crate::planned`'s owner type keeps too).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::{lock, Pool};
 use crate::allocator::DEFAULT_ALIGNMENT;
@@ -98,7 +98,7 @@ impl<S: Storage> Pool<S> {
 pub(crate) struct PlanTable {
     buffers: BTreeMap<u32, (DevicePtr, u64)>,
     /// Ids whose buffer is being allocated right now (by `init_buffer` on some thread).
-    pending: std::collections::BTreeSet<u32>,
+    pending: BTreeSet<u32>,
 }
 
 impl PlanTable {
