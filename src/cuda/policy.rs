@@ -240,22 +240,35 @@ mod tests {
         let driver = std::sync::Arc::new(std::sync::Mutex::new(Driver::new()));
         let pool =
             crate::backend::Pool::new(FakeCuda(driver.clone()), crate::PoolOptions::default()).unwrap();
-        let big = pool.allocate(8 * MIB as usize, 256).unwrap();
-        let base = big.addr();
-        pool.deallocate(big).unwrap();
-        // Three smaller requests: pieces of the cached block, at real addresses inside it,
+        // Blocks split for a workload that repeats: a step that holds 8 MiB while 31 one-byte
+        // temporaries come and go, twice (the pool's policy), leaves both blocks cached.
+        let mut base = 0;
+        for _ in 0..2 {
+            let big = pool.allocate(8 * MIB as usize, 256).unwrap();
+            base = big.addr();
+            for _ in 0..31 {
+                let t = pool.allocate(1, 256).unwrap();
+                pool.deallocate(t).unwrap();
+            }
+            pool.deallocate(big).unwrap();
+        }
+        let small = pool.stats().reserved_bytes - 8 * MIB;
+        assert_eq!(driver.lock().unwrap().asked.len(), 2);
+        // Three smaller requests (the repetition goes on while they are live), none that the
+        // temporaries' block holds: pieces of the 8 MiB block, at real addresses inside it,
         // aligned; the driver is not asked again.
+        let n = small as usize + 1;
         let a = pool.allocate(3 * MIB as usize, 256).unwrap();
-        let b = pool.allocate(1000, 256).unwrap();
+        let b = pool.allocate(n, 256).unwrap();
         let c = pool.allocate(MIB as usize, 256).unwrap();
-        assert_eq!(driver.lock().unwrap().asked.len(), 1);
+        assert_eq!(driver.lock().unwrap().asked.len(), 2);
         let mut at: Vec<u64> = [a, b, c].iter().map(|p| p.addr()).collect();
         assert!(at.iter().all(|&x| (base..base + 8 * MIB).contains(&x)), "{at:x?} in {base:#x}");
         assert!(at.iter().all(|&x| x % 256 == 0), "{at:x?}");
         at.sort_unstable();
-        assert!(at[0] + 3 * MIB <= at[1] || at[0] + 1000 <= at[1], "no overlap: {at:x?}");
+        assert!(at[0] + 3 * MIB <= at[1] || at[0] + n as u64 <= at[1], "no overlap: {at:x?}");
         let s = pool.stats();
-        assert_eq!((s.reserved_bytes, s.live_allocations), (8 * MIB, 3), "{s:?}");
+        assert_eq!((s.reserved_bytes, s.live_allocations), (8 * MIB + small, 3), "{s:?}");
         let live: u64 = pool.live_allocations().iter().map(|l| l.capacity).sum();
         assert_eq!(s.reserved_bytes, live + s.cached_bytes, "{s:?}");
         // A piece is freed once; a second free is refused and changes nothing.
@@ -265,9 +278,9 @@ mod tests {
         // Freed, the pieces merge: the whole block is cached again, and goes back whole.
         pool.deallocate(c).unwrap();
         pool.deallocate(a).unwrap();
-        assert_eq!(pool.stats().cached_bytes, 8 * MIB);
-        assert_eq!(pool.empty_cache(), 8 * MIB);
-        assert_eq!(driver.lock().unwrap().freed.len(), 1);
+        assert_eq!(pool.stats().cached_bytes, 8 * MIB + small);
+        assert_eq!(pool.empty_cache(), 8 * MIB + small);
+        assert_eq!(driver.lock().unwrap().freed.len(), 2);
         assert_eq!(pool.stats().reserved_bytes, 0);
     }
 }

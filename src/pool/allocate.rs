@@ -84,13 +84,13 @@ impl<S: Storage> Pool<S> {
                 Error::backend(self.device, "the storage gave a block without an address")
             }
             Ok(block) => {
-                let proven = plan.proven;
-                return Ok(self.record(plan, Holder::whole(Cached { id, block, proven }), true, span, label));
+                let holder = Holder::whole(Cached { id, block, proven: false });
+                return Ok(self.record(plan, holder, true, span, label));
             }
             Err(e) => e,
         };
         let mut state = lock(&self.state);
-        state.pending -= plan.key.capacity;
+        state.pending -= plan.block;
         if let (Some(w), Some(reservation)) = (state.window.as_ref(), reservation) {
             lock(w).unreserve(reservation);
         }
@@ -133,7 +133,16 @@ impl<S: Storage> Pool<S> {
             .filter(|&c| c >= size);
         let capacity = class.filter(|&c| c <= max).unwrap_or(exact);
         let key = Key { alignment: self.storage.block_alignment(alignment), params, capacity };
-        Ok(Prepared { size, alignment, key, exact, proven: false })
+        Ok(Prepared {
+            size,
+            alignment,
+            block: key.capacity,
+            want: key.clone(),
+            key,
+            exact,
+            at: None,
+            slot: None,
+        })
     }
 
     /// Step 2: under the lock, takes a cached block, or room for a fresh one under the memory
@@ -152,16 +161,26 @@ impl<S: Storage> Pool<S> {
         let lo = Key { capacity: plan.exact, ..plan.key.clone() };
         let fit = reuse_bound(plan.key.capacity);
         let reuse = config.caching && config.reuse_freed;
-        let mut cached = if reuse { state.cache.take_fit(&lo, fit) } else { None };
         let splits = reuse && self.storage.splits();
+        // A repeating workload's planned place (see `settle.rs`).
+        let (mut cached, mut spot) = (None, None);
+        if reuse && config.cache_headroom.is_some() {
+            spot = self.planned_place(&mut state, plan, config, &mut cached);
+        }
+        let planned = plan.at.is_some() || plan.slot.is_some();
+        if reuse && spot.is_none() && cached.is_none() && !planned {
+            cached = state.cache.take_fit(&lo, fit);
+        }
         // A free range of a split block (see `pieces.rs`), taken once the addresses are had.
-        let spot = if cached.is_none() && splits { state.pieces.find(&lo, plan.key.capacity) } else { None };
+        if spot.is_none() && cached.is_none() && !planned && splits {
+            spot = state.pieces.find(&lo, plan.key.capacity);
+        }
         let piece = spot.is_some();
         let held = state.stats.reserved_bytes + state.pending;
-        if !piece && cached.is_none() && reuse {
+        if !piece && cached.is_none() && reuse && !planned {
             cached = self.larger_block(&mut state, plan, config, splits);
         }
-        if !piece && cached.is_none() && held.checked_add(plan.key.capacity).is_none() {
+        if !piece && cached.is_none() && held.checked_add(plan.block).is_none() {
             let detail = "the pool would hold more than 2^64 bytes".to_string();
             return Err(self.out_of_memory(&state, plan.size, detail));
         }
@@ -175,6 +194,7 @@ impl<S: Storage> Pool<S> {
                     return Err(self.out_of_memory(&state, plan.size, detail));
                 }
                 plan.key.capacity = plan.exact;
+                plan.block = plan.exact;
             }
         }
         let reserved = state.window.as_ref().map(|w| lock(w).reserve(plan.size, plan.alignment));
@@ -208,6 +228,13 @@ impl<S: Storage> Pool<S> {
         if let Some((taken, block)) = cached {
             let whole = taken.key.capacity;
             state.stats.cached_bytes -= whole;
+            if let Some(at) = plan.at {
+                // The arena, whole: split at the planned piece.
+                state.budget.arena(taken.key.capacity, block.id);
+                let holder = state.pieces.split_at(taken.key, block, at, plan.key.capacity);
+                state.stats.cached_bytes += whole - plan.key.capacity;
+                return Ok((Source::Cached(holder), reservation));
+            }
             if splits && whole > reuse_bound(plan.key.capacity) {
                 let (holder, len) = state.pieces.split(taken.key, block, plan.exact, plan.key.capacity);
                 state.stats.cached_bytes += whole - len;
@@ -217,7 +244,7 @@ impl<S: Storage> Pool<S> {
             plan.key = taken.key;
             return Ok((Source::Cached(Holder::whole(block)), reservation));
         }
-        let capacity = plan.key.capacity;
+        let capacity = plan.block;
         let mut evicted = Vec::new();
         if let Some(over) = config.memory_limit.and_then(|limit| (held + capacity).checked_sub(limit)) {
             // The check above made sure that giving cached blocks back makes room.
@@ -230,9 +257,9 @@ impl<S: Storage> Pool<S> {
             }
         }
         if let (true, Some(fraction)) = (reuse, config.cache_headroom) {
-            evicted.extend(self.keep_to_budget(&mut state, plan, (fit, fraction), splits));
+            evicted.extend(self.keep_to_budget(&mut state, plan, fraction));
         }
-        state.pending += capacity;
+        state.pending += plan.block;
         state.blocks_made += 1;
         let id = state.blocks_made;
         drop(state);
@@ -240,44 +267,43 @@ impl<S: Storage> Pool<S> {
         Ok((Source::Fresh(id), reservation))
     }
 
-    /// Step 2, for a fresh block of `capacity` bytes that the cache could not serve: notes a
-    /// ghost hit (the block to be made is then proven) and gives back as many cached blocks as
-    /// keep the pool within its budget (see `budget.rs`). Returns the blocks, to drop outside
-    /// the lock.
+    /// Step 2, for a fresh block that the cache could not serve: gives back as many cached
+    /// blocks as keep the pool within its budget (see `budget.rs`), or, where a repeating
+    /// workload has a plan, every cached block the plan does not keep (see `settle.rs`).
+    /// Returns the blocks, to drop outside the lock.
     fn keep_to_budget(
         &self,
         state: &mut State<S>,
-        plan: &mut Prepared<S::Params>,
-        (fit, fraction): (u64, f64),
-        splits: bool,
+        plan: &Prepared<S::Params>,
+        fraction: f64,
     ) -> Vec<S::Block> {
-        let wanted = Key { capacity: plan.exact, ..plan.key.clone() };
-        plan.proven = state.budget.missed(&wanted, fit);
-        let capacity = plan.key.capacity;
-        let held = state.stats.reserved_bytes.saturating_add(state.pending).saturating_add(capacity);
-        let live = held - state.stats.cached_bytes;
-        let budget = &state.budget;
-        // Where blocks split, the proven block being made counts as proven (it is live, not cached).
-        let mine = if plan.proven && splits { capacity } else { 0 };
-        let (bytes, given) = state.cache.evict_oldest(|freed, proven| {
-            held.saturating_sub(freed) > budget.limit(live, fraction, proven + mine)
-        });
+        let (bytes, given) = if plan.at.is_some() {
+            // A fresh arena: it serves the whole repetition, the whole cached blocks none of it.
+            state.cache.evict_oldest(u64::MAX, |_, _| true)
+        } else if let (Some(settled), Some(_)) = (state.budget.settled.as_ref(), plan.slot) {
+            // A slot's fresh block: the cached blocks no slot keeps go back.
+            state.cache.evict_unkept(|id| settled.keeps(id))
+        } else {
+            let held = state.stats.reserved_bytes.saturating_add(state.pending).saturating_add(plan.block);
+            let mark = state.stats.peak_allocated_bytes.max(state.stats.allocated_bytes + plan.size);
+            let limit = state.budget.limit(mark, state.stats.peak_reserved_bytes, fraction);
+            let keep_from = state.budget.keep_from().unwrap_or(u64::MAX);
+            state.cache.evict_oldest(keep_from, |freed, _| held.saturating_sub(freed) > limit)
+        };
         if bytes == 0 {
             return Vec::new();
         }
         state.stats.reserved_bytes -= bytes;
         state.stats.cached_bytes -= bytes;
         self.note(|| EventKind::Evict { bytes });
-        let (keys, blocks): (Vec<_>, Vec<_>) = given.into_iter().unzip();
-        state.budget.gave_back(keys);
-        blocks
+        given.into_iter().map(|(_, b)| b).collect()
     }
 
     /// Step 3 (fresh blocks only), without the lock: asks the device for block `id`, and on
     /// out of memory empties the cache and asks once more, for the exact size.
     pub(super) fn alloc_block(&self, plan: &mut Prepared<S::Params>, id: u64) -> Result<S::Block> {
         let (alignment, params) = (plan.key.alignment, plan.key.params.clone());
-        let capacity = plan.key.capacity;
+        let capacity = plan.block;
         match self.storage.alloc(capacity, alignment, &params, &block_name(id, capacity)) {
             Err(Error::OutOfMemory { .. }) => {
                 self.retry_exact(plan);
@@ -298,9 +324,28 @@ impl<S: Storage> Pool<S> {
         span: Option<Span>,
         label: Option<&str>,
     ) -> DevicePtr {
+        let mut state = lock(&self.state);
+        let holder = match (fresh, plan.at, holder) {
+            // A fresh arena (see `settle.rs`): the request gets its planned piece.
+            (true, Some(at), Holder { id, block, .. }) => {
+                let block = Arc::try_unwrap(block).ok().expect("a fresh block has one owner");
+                let key = Key { capacity: plan.block, ..plan.key.clone() };
+                state.budget.arena(plan.block, id);
+                let holder =
+                    state.pieces.split_at(key, Cached { id, block, proven: false }, at, plan.key.capacity);
+                state.stats.cached_bytes += plan.block - plan.key.capacity;
+                holder
+            }
+            (true, None, holder) => {
+                if let Some(j) = plan.slot {
+                    state.budget.bind(j, holder.id);
+                }
+                holder
+            }
+            (_, _, holder) => holder,
+        };
         let Holder { id, block, proven, at, piece } = holder;
         let capacity = plan.key.capacity;
-        let mut state = lock(&self.state);
         let base = match span {
             Some(span) => span.base,
             // Checked in `allocate_steps` for fresh blocks; a cached block had one when live.
@@ -308,7 +353,7 @@ impl<S: Storage> Pool<S> {
         };
         let stats = &mut state.stats;
         if fresh {
-            stats.reserved_bytes += capacity;
+            stats.reserved_bytes += plan.block;
             stats.peak_reserved_bytes = stats.peak_reserved_bytes.max(stats.reserved_bytes);
             stats.cache_misses += 1;
         } else {
@@ -318,10 +363,10 @@ impl<S: Storage> Pool<S> {
         stats.live_allocations += 1;
         stats.allocated_bytes += plan.size;
         stats.peak_allocated_bytes = stats.peak_allocated_bytes.max(stats.allocated_bytes);
-        let live_capacity = stats.reserved_bytes - stats.cached_bytes;
-        state.budget.live(live_capacity);
+        let seq = state.cache.next_seq();
+        state.budget.allocated(base, plan.size, plan.want, seq);
         if fresh {
-            state.pending -= capacity;
+            state.pending -= plan.block;
         }
         let live = Live {
             size: plan.size,

@@ -122,6 +122,42 @@ impl<B, P: Ord + Clone> BlockCache<B, P> {
         }
     }
 
+    /// Takes block `id` out, where it is cached under `key`.
+    pub fn take_id(&mut self, key: &Key<P>, id: u64) -> Option<(Taken<P>, Cached<B>)> {
+        let list = self.blocks.get_mut(key)?;
+        let at = list.iter().position(|(_, c)| c.id == id)?;
+        let (seq, cached) = list.remove(at)?;
+        self.empty_lists += usize::from(list.is_empty());
+        self.forget(key.capacity, cached.proven);
+        Some((Taken { key: key.clone(), seq }, cached))
+    }
+
+    /// Gives back every cached block whose id `keep` does not pick (a repeating workload's plan
+    /// keeps its slots' blocks, see `settle.rs`). The caller drops the blocks (outside its lock).
+    pub fn evict_unkept(&mut self, keep: impl Fn(u64) -> bool) -> (u64, Vec<(Key<P>, B)>) {
+        let (mut out, mut gone) = (Vec::new(), Vec::new());
+        for (key, list) in &mut self.blocks {
+            let before = list.len();
+            let mut kept = VecDeque::with_capacity(before);
+            for (seq, cached) in list.drain(..) {
+                if keep(cached.id) {
+                    kept.push_back((seq, cached));
+                } else {
+                    gone.push((key.capacity, cached.proven));
+                    out.push((key.clone(), cached.block));
+                }
+            }
+            self.empty_lists += usize::from(before > 0 && kept.is_empty());
+            *list = kept;
+        }
+        let mut bytes = 0;
+        for (capacity, proven) in gone {
+            bytes += capacity;
+            self.forget(capacity, proven);
+        }
+        (bytes, out)
+    }
+
     /// Drops the stale entries of the age queues, and the empty lists.
     fn rebuild_ages(&mut self) {
         let mut live: Vec<(bool, u64, Key<P>)> = Vec::with_capacity(self.count);
@@ -140,11 +176,18 @@ impl<B, P: Ord + Clone> BlockCache<B, P> {
     /// Gives back blocks while `more(bytes given back so far, proven bytes still cached)` says
     /// so: unproven blocks before proven ones, each kind oldest first (what the workload stopped
     /// asking for). The caller drops the blocks (outside its lock).
-    pub fn evict_oldest(&mut self, mut more: impl FnMut(u64, u64) -> bool) -> (u64, Vec<(Key<P>, B)>) {
+    pub fn evict_oldest(
+        &mut self,
+        keep_from: u64,
+        mut more: impl FnMut(u64, u64) -> bool,
+    ) -> (u64, Vec<(Key<P>, B)>) {
         let mut freed = 0u64;
         let mut out = Vec::new();
         while self.count > 0 && more(freed, self.proven_bytes) {
             let kind = usize::from(self.ages[0].is_empty());
+            if self.ages[kind].front().is_some_and(|(seq, _)| *seq >= keep_from) {
+                break;
+            }
             let Some((seq, key)) = self.ages[kind].pop_front() else { break };
             // A stale entry (the block was taken since) is skipped.
             let Some(list) = self.blocks.get_mut(&key) else { continue };
@@ -255,9 +298,9 @@ impl<B, P: Ord + Clone> BlockCache<B, P> {
         self.bytes
     }
 
-    /// Bytes held in proven blocks.
-    pub fn proven_bytes(&self) -> u64 {
-        self.proven_bytes
+    /// The sequence number the next cached block gets.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
     }
 
     /// (capacity, number of blocks) of what is cached, by capacity.
@@ -277,110 +320,5 @@ pub(crate) fn reuse_bound(capacity: u64) -> u64 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_reuse_bound_is_an_eighth_more() {
-        assert_eq!(reuse_bound(800), 900);
-        assert_eq!(reuse_bound(u64::MAX), u64::MAX);
-    }
-
-    fn key(capacity: u64) -> Key<()> {
-        Key { capacity, alignment: 1, params: () }
-    }
-
-    fn put(c: &mut BlockCache<u32, ()>, capacity: u64, block: u32) {
-        c.put(key(capacity), Cached { id: u64::from(block), block, proven: block >= 100 });
-    }
-
-    #[test]
-    fn cache_counts_bytes_and_takes_the_best_fit() {
-        let mut c: BlockCache<u32, ()> = BlockCache::new();
-        put(&mut c, 512, 1);
-        put(&mut c, 512, 2);
-        put(&mut c, 1024, 3);
-        assert_eq!(c.bytes(), 2048);
-        let (k, got) = c.take_fit(&key(400), 640).unwrap();
-        assert_eq!((k.key.capacity, got.block), (512, 2));
-        assert!(c.take_fit(&key(600), 1000).is_none(), "1024 is past the bound");
-        assert!(
-            c.take_fit(&Key { capacity: 100, alignment: 2, params: () }, 4096).is_none(),
-            "another alignment"
-        );
-        assert_eq!(c.bytes(), 1536);
-        assert_eq!(c.counts(), vec![(512, 1), (1024, 1)]);
-        assert_eq!(c.take_all().len(), 2);
-        assert_eq!(c.bytes(), 0);
-    }
-
-    #[test]
-    fn eviction_gives_back_enough_with_the_fewest_blocks() {
-        let mut c: BlockCache<u32, ()> = BlockCache::new();
-        for (i, cap) in [256, 512, 4096, 8192, 8192].into_iter().enumerate() {
-            put(&mut c, cap, i as u32);
-        }
-        // One block is enough: the smallest that is.
-        let (freed, blocks) = c.evict(3000);
-        assert_eq!((freed, blocks.len()), (4096, 1));
-        // No single block is enough: the largest first.
-        let (freed, blocks) = c.evict(10_000);
-        assert_eq!((freed, blocks.len()), (16384, 2));
-        assert_eq!(c.bytes(), 768);
-        // More than everything: everything.
-        let (freed, blocks) = c.evict(1 << 20);
-        assert_eq!((freed, blocks.len(), c.bytes()), (768, 2, 0));
-    }
-
-    #[test]
-    fn the_budget_gives_back_unproven_blocks_first_each_kind_oldest_first() {
-        let mut c: BlockCache<u32, ()> = BlockCache::new();
-        // Blocks 100 and up are proven (see `put`).
-        for (cap, block) in [(4096, 100), (1024, 0), (512, 1), (1024, 2), (2048, 3)] {
-            put(&mut c, cap, block);
-        }
-        // Taking the newest 1024 (block 2) leaves block 0 the oldest unproven one.
-        assert_eq!(c.take_fit(&key(1024), 1024).unwrap().1.block, 2);
-        let (freed, out) = c.evict_oldest(|freed, _| freed < 1200);
-        let got: Vec<(u64, u32)> = out.into_iter().map(|(k, b)| (k.capacity, b)).collect();
-        assert_eq!((freed, got), (1536, vec![(1024, 0), (512, 1)]));
-        assert_eq!((c.bytes(), c.counts()), (6144, vec![(2048, 1), (4096, 1)]));
-        // The proven block goes last (block 2's entry, stale since it was taken, is skipped),
-        // and the callback sees the proven bytes left.
-        let mut seen = Vec::new();
-        let (freed, out) = c.evict_oldest(|_, proven| {
-            seen.push(proven);
-            true
-        });
-        let got: Vec<(u64, u32)> = out.into_iter().map(|(k, b)| (k.capacity, b)).collect();
-        assert_eq!((freed, got, c.bytes()), (6144, vec![(2048, 3), (4096, 100)], 0));
-        assert!(seen.iter().all(|&p| p == 4096), "{seen:?}");
-        assert!(c.take_fit(&key(1), u64::MAX).is_none());
-    }
-
-    #[test]
-    fn a_block_put_back_is_as_it_was_and_stale_ages_are_dropped() {
-        let mut c: BlockCache<u32, ()> = BlockCache::new();
-        put(&mut c, 512, 0);
-        put(&mut c, 1024, 1);
-        let (taken, got) = c.take_fit(&key(512), 512).unwrap();
-        c.put_back(taken, got);
-        // Still the oldest: the budget gives it back first.
-        let (_, out) = c.evict_oldest(|freed, _| freed == 0);
-        assert_eq!(out[0].1, 0);
-        // A hot cycle of one size leaves at most a bounded number of stale entries behind.
-        for round in 0..10_000u32 {
-            put(&mut c, 4096, round % 7);
-            c.take_fit(&key(4096), 4096).unwrap();
-        }
-        assert!(c.ages[0].len() + c.ages[1].len() <= 2 * c.count + 1024, "{}", c.ages[0].len());
-        assert_eq!((c.bytes(), c.counts()), (1024, vec![(1024, 1)]));
-        // Many sizes cached and taken leave their empty lists to be pruned.
-        for size in 1..2000u64 {
-            put(&mut c, size * 512, 1);
-        }
-        let (freed, out) = c.evict_oldest(|_, _| true);
-        assert_eq!((out.len(), c.bytes()), (2000, 0), "{freed}");
-        assert!(c.blocks.len() <= 64, "{} lists left", c.blocks.len());
-    }
-}
+#[path = "cache_tests.rs"]
+mod tests;

@@ -30,6 +30,7 @@ impl<S: Storage> Pool<S> {
             return Err(Error::InvalidPointer { ptr, device: self.device, problem });
         };
         let capacity = live.key.capacity;
+        state.budget.freed(ptr.addr(), live.size, self.storage.splits());
         let stats = &mut state.stats;
         stats.deallocations += 1;
         stats.live_allocations -= 1;

@@ -16,31 +16,34 @@
 //!   they stay in devalloc's records, reports and snapshots, and a reused block serves any
 //!   label). A request takes the smallest cached block of its alignment and params that holds
 //!   it and is at most an eighth larger than its capacity (best fit).
-//! - **Split blocks** (host memory and CUDA: [`Storage::splits`]; never wgpu, so two wgpu
-//!   allocations never share a buffer and any two can be bound together with any access). Where
-//!   no cached block of its size serves a request, the best-fitting free range of a split block
-//!   does, else the smallest larger cached block is split: the request gets a piece at its
-//!   start, the rest stays free for later requests (see `pieces.rs`), and nothing is asked of
-//!   the device. A freed piece merges with its free neighbours; a block with no live piece left
-//!   is one whole cached block again, which the budget, a limit or `empty_cache` can give back
-//!   (a block with a live piece cannot). Pieces of one block show its id in
-//!   `LiveAllocation::block`. `empty_cache` gives every whole cached block back to the device. With [`PoolOptions::reuse_freed`] off (a debug setting)
-//!   freed blocks are never reused. Each block has an id (`LiveAllocation::block`), which
-//!   wgpu's own messages show.
-//! - **The budget** (no limit needed): the pool holds at most its live high-water mark plus
-//!   [`PoolOptions::cache_headroom`] of it (1/16 by default), plus up to another sixteenth in
-//!   blocks the workload proved it comes back to. A fresh block that would pass it first gives
-//!   back cached blocks, the ones freed longest ago first (see `budget.rs`). One that moves on
-//!   (a growing KV cache, varying shapes) gives back what it stopped using, before the device
-//!   or a limit makes it. One that repeats comes back to sizes the budget gave back: a fresh
-//!   block for such a size that would pass the budget is not made; the smallest larger cached
-//!   block serves instead, whatever its size (where live blocks stay within the budget with
-//!   it, and a memory limit, if set, is at least twice the budget and has room for another
-//!   block of its size), so a repetition whose
-//!   sizes add up to more than it holds at once settles on fewer, larger blocks, after two or
-//!   three repetitions. Where blocks split, such a size gets a fresh block where it fits as a
-//!   proven one, and the larger block is split otherwise: a repeating workload settles in one or
-//!   two repetitions, close to what it holds at once.
+//! - **The budget** (no limit needed, see `budget.rs`): a fresh block that would take the pool
+//!   past the most bytes the workload has asked for at once (plus
+//!   [`PoolOptions::cache_headroom`] of it, none by default), or past what the pool held at its
+//!   peak if that is more, first gives back cached blocks, the ones freed longest ago first. A
+//!   request never takes a cached block larger than its best fit unless the workload repeats:
+//!   so a workload that moves on (a growing KV cache, varying shapes) holds at most what its
+//!   live blocks held at their peak.
+//! - **A repeating workload** (a training or serving loop's steps, a model's identical layers:
+//!   see `repeats.rs`) is planned from one repetition once it has been seen twice (see
+//!   `settle.rs`), where a repetition is the live count rising above some level and coming
+//!   back to it with the same allocations and frees, 32 allocations or more (a step or a
+//!   layer, not two neighbouring ops that happen to match: shorter or multi-part periods were
+//!   mostly coincidences on the corpus, and plans made from them held up to 2.9x the lower
+//!   bound). Temporaries one at a time with nothing held around them are no such repetition:
+//!   the budget holds them to the largest, and sizes given back are asked for again. A planned
+//!   workload asks the device for nothing after its first planned repetition where each
+//!   repetition is the same. Where blocks split ([`Storage::splits`]: host memory and CUDA),
+//!   the repetition is laid out in one block, an arena, by the crate's planner, and each
+//!   allocation gets its planned piece of it (see `pieces.rs`; a freed piece merges with its
+//!   free neighbours, and an arena with no live piece left is one whole cached block again,
+//!   which the budget, a limit or `empty_cache` can give back). Where they do not (wgpu: two
+//!   allocations never share a buffer, so any two can be bound together with any access), each
+//!   allocation gets its planned block, close to the least any such policy can hold. An
+//!   allocation the plan does not place is served as without one, from any larger cached block
+//!   (split where blocks split) before a fresh one. Pieces of one block show its id in
+//!   `LiveAllocation::block`. `empty_cache` gives every whole cached block back to the device.
+//!   With [`PoolOptions::reuse_freed`] off (a debug setting) freed blocks are never reused.
+//!   Each block has an id (`LiveAllocation::block`), which wgpu's own messages show.
 //! - **Out of memory.** Past the memory limit, as few cached blocks as make room are given back
 //!   (the smallest one that is enough, else the largest first); if even the whole cache would
 //!   not make room for the rounded capacity, the exact size is tried; else the request fails. When
@@ -66,8 +69,10 @@ mod larger;
 mod pieces;
 mod plans;
 mod refused;
+mod repeats;
 mod report;
 mod retry;
+mod settle;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicBool;
@@ -98,18 +103,13 @@ pub struct PoolOptions {
     /// is [`Error::OutOfMemory`] (or [`Error::TooLarge`] when it alone exceeds the limit),
     /// before the device runs out. `None` by default.
     pub memory_limit: Option<u64>,
-    /// How much more than the most its allocations have held at once (their high-water mark)
-    /// the pool keeps in its cache, as a fraction of that mark: `Some(1.0 / 16.0)` by default.
-    /// A fresh block that would take the pool past it first gives back the blocks cached
-    /// longest ago; the headroom grows (up to an eighth of the mark) when the workload asks again for
-    /// a size it gave back, and such a size is then served from a larger cached block rather
-    /// than a fresh one where the budget is full, so that a workload that repeats settles
-    /// (within a few repetitions where its sizes add up to more than that eighth over what it
-    /// holds at once). The mark never comes down: after a large
-    /// phase the pool may keep up to that much cached (`empty_cache` gives it back). `None`:
-    /// no budget, the cache keeps every freed block until a limit, an out-of-memory or
-    /// `empty_cache` (capacities still round to 512 bytes, not to the quarter classes of
-    /// devalloc before this option). Clamped to 0..=1; NaN counts as 0.
+    /// How much more than the most bytes its requests have asked for at once (their
+    /// high-water mark) the pool may hold before a fresh block gives cached ones back, as a
+    /// fraction of that mark: `Some(0.0)` by default (the pool then holds at most what it held at
+    /// its peak, or the mark if more: see the module docs). A fresh block that would take the pool
+    /// past it first gives back the blocks cached longest ago. `None`: no budget and no plan for
+    /// repeating workloads; the cache keeps every freed block until a limit, an out-of-memory
+    /// or `empty_cache` (capacities still round to 512 bytes). Clamped to 0..=1; NaN counts as 0.
     pub cache_headroom: Option<f64>,
     /// Reuse freed blocks (the default). Off, a freed block is never handed out again, even
     /// with caching on, and the backend retires it at the free: a debug setting that makes a
@@ -134,7 +134,7 @@ impl Default for PoolOptions {
         PoolOptions {
             caching: true,
             memory_limit: None,
-            cache_headroom: Some(1.0 / 16.0),
+            cache_headroom: Some(0.0),
             reuse_freed: true,
             address_window: 1 << MAX_WINDOW_BITS,
             quarantine_frees: 1 << 32,
@@ -208,8 +208,16 @@ struct Prepared<P> {
     key: Key<P>,
     /// The exact size in whole granules (what a block needs at least).
     exact: u64,
-    /// Whether a fresh block for it is proven (a ghost hit, see `budget.rs`).
-    proven: bool,
+    /// Bytes of the fresh block it would make: its capacity, or a repeating workload's arena
+    /// (see `settle.rs`), of which the request gets a piece.
+    block: u64,
+    /// The key its size asks for (`key` may become a larger block's).
+    want: Key<P>,
+    /// Where its piece of a repeating workload's arena is (see `settle.rs`), when it gets one
+    /// by splitting the arena (whole in the cache, or fresh).
+    at: Option<u64>,
+    /// The plan's slot it makes a fresh block for (blocks that do not split, see `settle.rs`).
+    slot: Option<usize>,
 }
 
 /// Where an allocation's block comes from.

@@ -118,9 +118,15 @@ impl<B, P: Ord + Clone> Pieces<B, P> {
     /// Splits the whole block `cached` (of `key`) for an allocation of `want` bytes (at least
     /// `exact`): the allocation's piece, at its start; the rest stays free.
     pub fn split(&mut self, key: Key<P>, cached: Cached<B>, exact: u64, want: u64) -> (Holder<B>, u64) {
+        let (_, len) = carve(0, key.capacity, 1, exact, want).expect("the block holds the request");
+        (self.split_at(key, cached, 0, len), len)
+    }
+
+    /// Splits the whole block `cached` (of `key`) for a piece at `at`, `len` bytes (within the
+    /// block); the rest stays free.
+    pub fn split_at(&mut self, key: Key<P>, cached: Cached<B>, at: u64, len: u64) -> Holder<B> {
         let id = cached.id;
         let capacity = key.capacity;
-        let (_, len) = carve(0, capacity, 1, exact, want).expect("the block holds the request");
         let block = Arc::new(cached.block);
         let seg = Segment {
             key,
@@ -132,10 +138,26 @@ impl<B, P: Ord + Clone> Pieces<B, P> {
             idle: capacity - len,
         };
         self.segs.insert(id, seg);
-        if len < capacity {
-            self.add_free(id, len, capacity - len);
+        if at > 0 {
+            self.add_free(id, 0, at);
         }
-        (Holder { id, block, proven: cached.proven, at: 0, piece: true }, len)
+        if at + len < capacity {
+            self.add_free(id, at + len, capacity - at - len);
+        }
+        Holder { id, block, proven: cached.proven, at, piece: true }
+    }
+
+    /// Whether segment `id` is split (has a live piece).
+    pub fn holds(&self, id: u64) -> bool {
+        self.segs.contains_key(&id)
+    }
+
+    /// The piece of segment `id` at `at`, `len` bytes, where that range is free ([`Pieces::take_at`]
+    /// takes it).
+    pub fn find_at(&self, id: u64, at: u64, len: u64) -> Option<Spot> {
+        let seg = self.segs.get(&id)?;
+        let (&r_at, &r_len) = seg.free.range(..=at).next_back()?;
+        (r_at + r_len >= at.checked_add(len)?).then_some(Spot { id, r_at, r_len, at, len })
     }
 
     /// The best-fitting free range of `key`'s alignment and params that holds `key.capacity`

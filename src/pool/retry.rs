@@ -62,12 +62,13 @@ impl<S: Storage> Pool<S> {
                 self.note(|| EventKind::Evict { bytes });
             }
             // The retry asks for the exact size: what is pending shrinks with it.
-            state.pending -= plan.key.capacity - plan.exact;
+            state.pending -= plan.block - plan.exact;
             (bytes, blocks)
         };
         drop(blocks);
         log::debug!("devalloc: {} out of memory; emptied {freed} cached bytes and retrying", self.device);
         plan.key.capacity = plan.exact;
+        plan.block = plan.exact;
     }
 
     /// The retry's result: out of memory again is the pool's out-of-memory error.

@@ -16,7 +16,7 @@ pub(super) mod limit_refusals;
 use limit_refusals::{refused_alone, Gate};
 
 use super::split_hostile::{
-    adds_up, fill, finish, holds, host_adds_up, replay_matches, shares_a_block, Rng, KIB, MIB,
+    adds_up, fill, finish, holds, host_adds_up, repeating, replay_matches, shares_a_block, Rng, KIB, MIB,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -134,6 +134,9 @@ fn random_operations_keep_data_stats_and_history_consistent() {
         let memory_limit = (seed <= 2).then_some(limit);
         let a = HostAllocator::with_options(PoolOptions { memory_limit, ..PoolOptions::default() }).unwrap();
         a.record_history(1 << 20).unwrap();
+        // The pool splits blocks only for a workload that repeats: it sees one first, and the
+        // random operations go on above its level (see `repeating`).
+        repeating(&a, 8 * MIB);
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ seed.wrapping_mul(0x1234_5678_9ABC));
         let mut live: Vec<(DevicePtr, usize, u8)> = Vec::new();
         let mut tag = 0u8;
@@ -243,6 +246,10 @@ fn threads_against_a_limit_with_empty_cache_keep_data_and_limit() {
         HostAllocator::with_options(PoolOptions { memory_limit: Some(limit), ..PoolOptions::default() })
             .unwrap(),
     );
+    // Blocks split only for a workload that repeats (see `repeating`), while it does: this
+    // allocation, held to the end, keeps the live count above the level it repeats at.
+    repeating(&*a, 8 * MIB);
+    let held = a.allocate(1, 0, 256).unwrap();
     let gate = Arc::new(Gate::default());
     let stop = Arc::new(AtomicBool::new(false));
     let emptier = {
@@ -304,6 +311,7 @@ fn threads_against_a_limit_with_empty_cache_keep_data_and_limit() {
     let (made, refused, retried) = gate.count.counts();
     eprintln!("{made} allocations ({retried} of them refused at first), {refused} refused");
     assert!(refused < made, "{refused} refusals beside {made} allocations");
+    a.deallocate(held, 0).unwrap();
     let s = host_adds_up(&a);
     assert_eq!(s.live_allocations, 0);
     a.empty_cache();
@@ -371,8 +379,7 @@ fn a_refused_split_block_serves_no_more_pieces() {
     let a = real(PoolOptions::default());
     let pool = a.pool(0).unwrap();
     pool.storage().refuse_next.store(true, Ordering::SeqCst);
-    let big = a.allocate(4 * MIB, 0, 256).unwrap();
-    a.deallocate(big, 0).unwrap();
+    repeating(&a, 4 * MIB);
     // Not yet known to the pool: a piece of it, then the verdict.
     let p = a.allocate(2 * MIB, 0, 256).unwrap();
     pool.storage().refusals.store(1, Ordering::SeqCst);
