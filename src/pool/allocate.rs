@@ -195,6 +195,7 @@ impl<S: Storage> Pool<S> {
                 }
                 plan.key.capacity = plan.exact;
                 plan.block = plan.exact;
+                (plan.at, plan.slot) = (None, None);
             }
         }
         let reserved = state.window.as_ref().map(|w| lock(w).reserve(plan.size, plan.alignment));

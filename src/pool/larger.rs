@@ -23,12 +23,11 @@ impl<S: Storage> Pool<S> {
         splits: bool,
     ) -> Option<TakenBlock<S>> {
         let want = plan.key.capacity;
-        let max = match (config.cache_headroom.is_some() && state.budget.repeating(), splits) {
-            (true, _) => u64::MAX,
-            (false, _) => return None,
-        };
+        if config.cache_headroom.is_none() || !state.budget.repeating() {
+            return None;
+        }
         let lo = Key { capacity: plan.exact, ..plan.key.clone() };
-        let (taken, block) = state.cache.take_fit(&lo, max)?;
+        let (taken, block) = state.cache.take_fit(&lo, u64::MAX)?;
         // What the allocation will hold: a piece where the block is split.
         let holds = if splits && taken.key.capacity > reuse_bound(want) { want } else { taken.key.capacity };
         let held = state.stats.reserved_bytes + state.pending;

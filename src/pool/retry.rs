@@ -39,7 +39,7 @@ impl<S: Storage> Pool<S> {
     /// Async twin of [`Pool::alloc_block`] (the storage's verdict awaited).
     async fn alloc_block_async(&self, plan: &mut Prepared<S::Params>, id: u64) -> Result<S::Block> {
         let (alignment, params) = (plan.key.alignment, plan.key.params.clone());
-        let capacity = plan.key.capacity;
+        let capacity = plan.block;
         match self.storage.alloc_async(capacity, alignment, &params, &block_name(id, capacity)).await {
             Err(Error::OutOfMemory { .. }) => {
                 self.retry_exact(plan);
@@ -69,6 +69,8 @@ impl<S: Storage> Pool<S> {
         log::debug!("devalloc: {} out of memory; emptied {freed} cached bytes and retrying", self.device);
         plan.key.capacity = plan.exact;
         plan.block = plan.exact;
+        // A block of the request's own size: no planned arena or slot (see `settle.rs`).
+        (plan.at, plan.slot) = (None, None);
     }
 
     /// The retry's result: out of memory again is the pool's out-of-memory error.

@@ -44,6 +44,8 @@ struct Real {
     reg: Arc<Mutex<BTreeMap<u64, u64>>>,
     refusals: AtomicU64,
     refuse_next: AtomicBool,
+    /// The next block asked for is refused: out of memory.
+    out_next: AtomicBool,
 }
 
 impl Real {
@@ -85,6 +87,14 @@ impl Storage for Real {
         self.refusals.load(Ordering::SeqCst)
     }
     fn alloc(&self, capacity: u64, alignment: u64, _: &(), _: &str) -> Result<RBlock> {
+        if self.out_next.swap(false, Ordering::SeqCst) {
+            let device = self.device();
+            return Err(Error::OutOfMemory {
+                requested: capacity,
+                device,
+                detail: "the test's device".into(),
+            });
+        }
         let a = alignment.max(256);
         // Blocks 1 MiB apart past their end, aligned to what was asked.
         let at = self.next.fetch_add(capacity + a + (1 << 20), Ordering::SeqCst);
@@ -389,4 +399,44 @@ fn a_refused_split_block_serves_no_more_pieces() {
     let q = a.allocate(MIB, 0, 256).unwrap();
     let w = a.copy_host_to_device(q, &[1], 0);
     assert_eq!(w.map_err(|e| e.to_string()), Ok(()), "a fresh allocation after the refusal is unusable");
+}
+
+/// The device runs out just as a planned repetition makes its arena (see the pool's policy):
+/// the request that asked for it is served by a block of its own size after the cache is
+/// given back, its bytes and bounds are its own, and the workload goes on (and settles again).
+#[test]
+fn out_of_memory_while_making_a_planned_arena_serves_the_request_alone() {
+    let a = real(PoolOptions::default());
+    let pool = a.pool(0).unwrap();
+    let step = || {
+        // Planned after two steps: the third's first allocation, this small one that the
+        // plan puts after the input, asks for the arena.
+        let header = a.allocate(KIB, 0, 256).unwrap();
+        fill(&a, header, KIB, 9);
+        let input = a.allocate(3 * MIB, 0, 256).unwrap();
+        fill(&a, input, 3 * MIB, 7);
+        for k in 0..30u8 {
+            let t = a.allocate(64 * KIB + usize::from(k), 0, 256).unwrap();
+            fill(&a, t, 64 * KIB + usize::from(k), k);
+            assert!(holds(&a, t, 64 * KIB + usize::from(k), k));
+            assert!(holds(&a, input, 3 * MIB, 7), "step's input kept its bytes");
+            a.deallocate(t, 0).unwrap();
+        }
+        a.deallocate(input, 0).unwrap();
+        assert!(holds(&a, header, KIB, 9), "the header kept its bytes");
+        a.deallocate(header, 0).unwrap();
+    };
+    step();
+    step();
+    pool.storage().out_next.store(true, Ordering::SeqCst);
+    step();
+    assert!(!pool.storage().out_next.load(Ordering::SeqCst), "the device was asked and ran out");
+    for _ in 0..3 {
+        step();
+    }
+    let before = a.stats(0).unwrap().cache_misses;
+    step();
+    let s = a.stats(0).unwrap();
+    assert_eq!(s.cache_misses, before, "settled again: {s:?}");
+    assert_eq!((s.live_allocations, s.reserved_bytes), (0, pool.storage().held()), "{s:?}");
 }
