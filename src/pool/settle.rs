@@ -223,7 +223,7 @@ fn unshared<P: Ord + Clone>(allocs: &Lives<P>) -> (Vec<u64>, Slots<P>) {
 type Found<S> = (Taken<<S as Storage>::Params>, Cached<<S as Storage>::Block>);
 
 impl<S: Storage> Pool<S> {
-    /// Where a repeating workload has a plan (see `settle.rs`) and the request asks for what the
+    /// Where a repeating workload has a plan (see the module docs) and the request asks for what the
     /// plan's request at its place asked for: its planned place.
     ///
     /// Where blocks split, its piece of the arena: a spot (returned) where the arena is split
