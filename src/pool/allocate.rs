@@ -84,7 +84,7 @@ impl<S: Storage> Pool<S> {
                 Error::backend(self.device, "the storage gave a block without an address")
             }
             Ok(block) => {
-                let holder = Holder::whole(Cached { id, block, proven: false });
+                let holder = Holder::whole(Cached { id, block });
                 return Ok(self.record(plan, holder, true, span, label));
             }
             Err(e) => e,
@@ -280,7 +280,7 @@ impl<S: Storage> Pool<S> {
     ) -> Vec<S::Block> {
         let (bytes, given) = if plan.at.is_some() {
             // A fresh arena: it serves the whole repetition, the whole cached blocks none of it.
-            state.cache.evict_oldest(u64::MAX, |_, _| true)
+            state.cache.evict_oldest(u64::MAX, |_| true)
         } else if let (Some(settled), Some(_)) = (state.budget.settled.as_ref(), plan.slot) {
             // A slot's fresh block: the cached blocks no slot keeps go back.
             state.cache.evict_unkept(|id| settled.keeps(id))
@@ -289,7 +289,7 @@ impl<S: Storage> Pool<S> {
             let mark = state.stats.peak_allocated_bytes.max(state.stats.allocated_bytes + plan.size);
             let limit = state.budget.limit(mark, state.stats.peak_reserved_bytes, fraction);
             let keep_from = state.budget.keep_from().unwrap_or(u64::MAX);
-            state.cache.evict_oldest(keep_from, |freed, _| held.saturating_sub(freed) > limit)
+            state.cache.evict_oldest(keep_from, |freed| held.saturating_sub(freed) > limit)
         };
         if bytes == 0 {
             return Vec::new();
@@ -332,8 +332,7 @@ impl<S: Storage> Pool<S> {
                 let block = Arc::try_unwrap(block).ok().expect("a fresh block has one owner");
                 let key = Key { capacity: plan.block, ..plan.key.clone() };
                 state.budget.arena(plan.block, id);
-                let holder =
-                    state.pieces.split_at(key, Cached { id, block, proven: false }, at, plan.key.capacity);
+                let holder = state.pieces.split_at(key, Cached { id, block }, at, plan.key.capacity);
                 state.stats.cached_bytes += plan.block - plan.key.capacity;
                 holder
             }
@@ -345,7 +344,7 @@ impl<S: Storage> Pool<S> {
             }
             (_, _, holder) => holder,
         };
-        let Holder { id, block, proven, at, piece } = holder;
+        let Holder { id, block, at, piece } = holder;
         let capacity = plan.key.capacity;
         let base = match span {
             Some(span) => span.base,
@@ -378,7 +377,6 @@ impl<S: Storage> Pool<S> {
             label: label.map(Into::into),
             span,
             // Made for a size the budget had given back (and so on through reuses).
-            proven,
             tensors: Box::default(),
         };
         state.live.insert(base, live);

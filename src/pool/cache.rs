@@ -13,12 +13,10 @@ pub(crate) struct Key<P> {
     pub capacity: u64,
 }
 
-/// A block in the cache, with the pool's id for it and whether it is proven (made for a size
-/// the workload asked for again after the budget gave one back, see `budget.rs`).
+/// A block in the cache, with the pool's id for it.
 pub(crate) struct Cached<B> {
     pub id: u64,
     pub block: B,
-    pub proven: bool,
 }
 
 /// Where a block taken out of the cache was, so that a refused request can put it back as it
@@ -29,7 +27,7 @@ pub(crate) struct Taken<P> {
 }
 
 /// Freed blocks by [`Key`] (each list in the order its blocks were cached), the same blocks in
-/// the order the budget gives them back (unproven before proven, each oldest first), and the
+/// the order the budget gives them back (oldest first), and the
 /// bytes they hold.
 ///
 /// Kept cheap for the hot cycle (a free, then an allocation of the same size): a key's list
@@ -38,25 +36,23 @@ pub(crate) struct Taken<P> {
 /// block gone (the queues are rebuilt when stale entries outnumber live ones).
 pub(crate) struct BlockCache<B, P> {
     blocks: BTreeMap<Key<P>, VecDeque<(u64, Cached<B>)>>,
-    /// (seq, key) of unproven blocks, then of proven ones, oldest first; may hold stale entries.
-    ages: [VecDeque<(u64, Key<P>)>; 2],
+    /// (seq, key) of the blocks, oldest first; may hold stale entries.
+    ages: VecDeque<(u64, Key<P>)>,
     next_seq: u64,
     count: usize,
     empty_lists: usize,
     bytes: u64,
-    proven_bytes: u64,
 }
 
 impl<B, P: Ord + Clone> BlockCache<B, P> {
     pub fn new() -> Self {
         BlockCache {
             blocks: BTreeMap::new(),
-            ages: [VecDeque::new(), VecDeque::new()],
+            ages: VecDeque::new(),
             next_seq: 0,
             count: 0,
             empty_lists: 0,
             bytes: 0,
-            proven_bytes: 0,
         }
     }
 
@@ -67,25 +63,19 @@ impl<B, P: Ord + Clone> BlockCache<B, P> {
         if list.is_empty() {
             self.empty_lists += 1;
         }
-        self.forget(key.capacity, cached.proven);
+        self.forget(key.capacity);
         Some((seq, cached))
     }
 
-    fn forget(&mut self, capacity: u64, proven: bool) {
+    fn forget(&mut self, capacity: u64) {
         self.count -= 1;
         self.bytes -= capacity;
-        if proven {
-            self.proven_bytes -= capacity;
-        }
     }
 
     /// Files `cached` under `key` at `seq` (the newest of its key when `newest`).
     fn file(&mut self, key: Key<P>, seq: u64, cached: Cached<B>) {
         self.count += 1;
         self.bytes += key.capacity;
-        if cached.proven {
-            self.proven_bytes += key.capacity;
-        }
         let list = self.blocks.entry(key).or_default();
         if list.is_empty() && list.capacity() > 0 {
             self.empty_lists -= 1;
@@ -102,7 +92,7 @@ impl<B, P: Ord + Clone> BlockCache<B, P> {
         let emptied = list.is_empty();
         let found = found.clone();
         self.empty_lists += usize::from(emptied);
-        self.forget(found.capacity, cached.proven);
+        self.forget(found.capacity);
         Some((Taken { key: found, seq }, cached))
     }
 
@@ -115,9 +105,9 @@ impl<B, P: Ord + Clone> BlockCache<B, P> {
     pub fn put(&mut self, key: Key<P>, cached: Cached<B>) {
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.ages[usize::from(cached.proven)].push_back((seq, key.clone()));
+        self.ages.push_back((seq, key.clone()));
         self.file(key, seq, cached);
-        if self.ages[0].len() + self.ages[1].len() > 2 * self.count + 1024 {
+        if self.ages.len() > 2 * self.count + 1024 {
             self.rebuild_ages();
         }
     }
@@ -128,7 +118,7 @@ impl<B, P: Ord + Clone> BlockCache<B, P> {
         let at = list.iter().position(|(_, c)| c.id == id)?;
         let (seq, cached) = list.remove(at)?;
         self.empty_lists += usize::from(list.is_empty());
-        self.forget(key.capacity, cached.proven);
+        self.forget(key.capacity);
         Some((Taken { key: key.clone(), seq }, cached))
     }
 
@@ -143,7 +133,7 @@ impl<B, P: Ord + Clone> BlockCache<B, P> {
                 if keep(cached.id) {
                     kept.push_back((seq, cached));
                 } else {
-                    gone.push((key.capacity, cached.proven));
+                    gone.push(key.capacity);
                     out.push((key.clone(), cached.block));
                 }
             }
@@ -151,44 +141,40 @@ impl<B, P: Ord + Clone> BlockCache<B, P> {
             *list = kept;
         }
         let mut bytes = 0;
-        for (capacity, proven) in gone {
+        for capacity in gone {
             bytes += capacity;
-            self.forget(capacity, proven);
+            self.forget(capacity);
         }
         (bytes, out)
     }
 
     /// Drops the stale entries of the age queues, and the empty lists.
     fn rebuild_ages(&mut self) {
-        let mut live: Vec<(bool, u64, Key<P>)> = Vec::with_capacity(self.count);
+        let mut live: Vec<(u64, Key<P>)> = Vec::with_capacity(self.count);
         for (key, list) in &self.blocks {
-            live.extend(list.iter().map(|(seq, c)| (c.proven, *seq, key.clone())));
+            live.extend(list.iter().map(|(seq, _)| (*seq, key.clone())));
         }
-        live.sort_by_key(|(proven, seq, _)| (*proven, *seq));
-        self.ages = [VecDeque::new(), VecDeque::new()];
-        for (proven, seq, key) in live {
-            self.ages[usize::from(proven)].push_back((seq, key));
-        }
+        live.sort_by_key(|(seq, _)| *seq);
+        self.ages = live.into();
         self.blocks.retain(|_, l| !l.is_empty());
         self.empty_lists = 0;
     }
 
-    /// Gives back blocks while `more(bytes given back so far, proven bytes still cached)` says
-    /// so: unproven blocks before proven ones, each kind oldest first (what the workload stopped
-    /// asking for). The caller drops the blocks (outside its lock).
+    /// Gives back blocks, oldest first (what the workload stopped asking for), while
+    /// `more(bytes given back so far)` says so and the oldest was cached before `keep_from`.
+    /// The caller drops the blocks (outside its lock).
     pub fn evict_oldest(
         &mut self,
         keep_from: u64,
-        mut more: impl FnMut(u64, u64) -> bool,
+        mut more: impl FnMut(u64) -> bool,
     ) -> (u64, Vec<(Key<P>, B)>) {
         let mut freed = 0u64;
         let mut out = Vec::new();
-        while self.count > 0 && more(freed, self.proven_bytes) {
-            let kind = usize::from(self.ages[0].is_empty());
-            if self.ages[kind].front().is_some_and(|(seq, _)| *seq >= keep_from) {
+        while self.count > 0 && more(freed) {
+            if self.ages.front().is_some_and(|(seq, _)| *seq >= keep_from) {
                 break;
             }
-            let Some((seq, key)) = self.ages[kind].pop_front() else { break };
+            let Some((seq, key)) = self.ages.pop_front() else { break };
             // A stale entry (the block was taken since) is skipped.
             let Some(list) = self.blocks.get_mut(&key) else { continue };
             let Some(at) = list.iter().position(|(s, _)| *s == seq) else { continue };
@@ -196,7 +182,7 @@ impl<B, P: Ord + Clone> BlockCache<B, P> {
             if list.is_empty() {
                 self.empty_lists += 1;
             }
-            self.forget(key.capacity, cached.proven);
+            self.forget(key.capacity);
             freed = freed.saturating_add(key.capacity);
             out.push((key, cached.block));
         }
@@ -267,7 +253,7 @@ impl<B, P: Ord + Clone> BlockCache<B, P> {
             for (seq, c) in std::mem::take(list) {
                 if drop_it(&c.block) {
                     bytes += key.capacity;
-                    forgotten.push((key.capacity, c.proven));
+                    forgotten.push(key.capacity);
                     out.push(c.block);
                 } else {
                     list.push_back((seq, c));
@@ -276,8 +262,8 @@ impl<B, P: Ord + Clone> BlockCache<B, P> {
             emptied += usize::from(was > 0 && list.is_empty());
         }
         self.empty_lists += emptied;
-        for (capacity, proven) in forgotten {
-            self.forget(capacity, proven);
+        for capacity in forgotten {
+            self.forget(capacity);
         }
         self.prune();
         (bytes, out)
@@ -286,10 +272,9 @@ impl<B, P: Ord + Clone> BlockCache<B, P> {
     /// Empties the cache; the caller drops the blocks (outside its lock).
     pub fn take_all(&mut self) -> Vec<B> {
         self.bytes = 0;
-        self.proven_bytes = 0;
         self.count = 0;
         self.empty_lists = 0;
-        self.ages = [VecDeque::new(), VecDeque::new()];
+        self.ages = VecDeque::new();
         std::mem::take(&mut self.blocks).into_values().flatten().map(|(_, c)| c.block).collect()
     }
 

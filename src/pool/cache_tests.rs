@@ -12,7 +12,7 @@ fn key(capacity: u64) -> Key<()> {
 }
 
 fn put(c: &mut BlockCache<u32, ()>, capacity: u64, block: u32) {
-    c.put(key(capacity), Cached { id: u64::from(block), block, proven: block >= 100 });
+    c.put(key(capacity), Cached { id: u64::from(block), block });
 }
 
 #[test]
@@ -54,28 +54,23 @@ fn eviction_gives_back_enough_with_the_fewest_blocks() {
 }
 
 #[test]
-fn the_budget_gives_back_unproven_blocks_first_each_kind_oldest_first() {
+fn the_budget_gives_back_the_oldest_first_and_keeps_those_from_keep_from() {
     let mut c: BlockCache<u32, ()> = BlockCache::new();
-    // Blocks 100 and up are proven (see `put`).
     for (cap, block) in [(4096, 100), (1024, 0), (512, 1), (1024, 2), (2048, 3)] {
         put(&mut c, cap, block);
     }
-    // Taking the newest 1024 (block 2) leaves block 0 the oldest unproven one.
+    // Taking the newest 1024 (block 2) leaves its age entry stale.
     assert_eq!(c.take_fit(&key(1024), 1024).unwrap().1.block, 2);
-    let (freed, out) = c.evict_oldest(u64::MAX, |freed, _| freed < 1200);
+    let (freed, out) = c.evict_oldest(u64::MAX, |freed| freed < 1200);
     let got: Vec<(u64, u32)> = out.into_iter().map(|(k, b)| (k.capacity, b)).collect();
-    assert_eq!((freed, got), (1536, vec![(1024, 0), (512, 1)]));
-    assert_eq!((c.bytes(), c.counts()), (6144, vec![(2048, 1), (4096, 1)]));
-    // The proven block goes last (block 2's entry, stale since it was taken, is skipped),
-    // and the callback sees the proven bytes left.
-    let mut seen = Vec::new();
-    let (freed, out) = c.evict_oldest(u64::MAX, |_, proven| {
-        seen.push(proven);
-        true
-    });
+    assert_eq!((freed, got), (4096, vec![(4096, 100)]));
+    assert_eq!((c.bytes(), c.counts()), (3584, vec![(512, 1), (1024, 1), (2048, 1)]));
+    // Blocks cached from sequence number 4 on are kept (block 2's stale entry is skipped).
+    let (freed, out) = c.evict_oldest(4, |_| true);
     let got: Vec<(u64, u32)> = out.into_iter().map(|(k, b)| (k.capacity, b)).collect();
-    assert_eq!((freed, got, c.bytes()), (6144, vec![(2048, 3), (4096, 100)], 0));
-    assert!(seen.iter().all(|&p| p == 4096), "{seen:?}");
+    assert_eq!((freed, got, c.bytes()), (1536, vec![(1024, 0), (512, 1)], 2048));
+    let (freed, out) = c.evict_oldest(u64::MAX, |_| true);
+    assert_eq!((freed, out.len(), c.bytes()), (2048, 1, 0));
     assert!(c.take_fit(&key(1), u64::MAX).is_none());
 }
 
@@ -87,20 +82,20 @@ fn a_block_put_back_is_as_it_was_and_stale_ages_are_dropped() {
     let (taken, got) = c.take_fit(&key(512), 512).unwrap();
     c.put_back(taken, got);
     // Still the oldest: the budget gives it back first.
-    let (_, out) = c.evict_oldest(u64::MAX, |freed, _| freed == 0);
+    let (_, out) = c.evict_oldest(u64::MAX, |freed| freed == 0);
     assert_eq!(out[0].1, 0);
     // A hot cycle of one size leaves at most a bounded number of stale entries behind.
     for round in 0..10_000u32 {
         put(&mut c, 4096, round % 7);
         c.take_fit(&key(4096), 4096).unwrap();
     }
-    assert!(c.ages[0].len() + c.ages[1].len() <= 2 * c.count + 1024, "{}", c.ages[0].len());
+    assert!(c.ages.len() <= 2 * c.count + 1024, "{}", c.ages.len());
     assert_eq!((c.bytes(), c.counts()), (1024, vec![(1024, 1)]));
     // Many sizes cached and taken leave their empty lists to be pruned.
     for size in 1..2000u64 {
         put(&mut c, size * 512, 1);
     }
-    let (freed, out) = c.evict_oldest(u64::MAX, |_, _| true);
+    let (freed, out) = c.evict_oldest(u64::MAX, |_| true);
     assert_eq!((out.len(), c.bytes()), (2000, 0), "{freed}");
     assert!(c.blocks.len() <= 64, "{} lists left", c.blocks.len());
 }

@@ -46,7 +46,7 @@ impl<S: Storage> Pool<S> {
         let to_drop = match (keep, Arc::try_unwrap(live.block)) {
             (true, Ok(block)) => {
                 state.stats.cached_bytes += capacity;
-                state.cache.put(live.key, Cached { id: live.block_id, block, proven: live.proven });
+                state.cache.put(live.key, Cached { id: live.block_id, block });
                 None
             }
             (_, block) => {

@@ -167,8 +167,6 @@ struct Live<S: Storage> {
     /// block's allocation starts at 0); each copy through it holds this while it runs. (`Live`
     /// is kept to 120 bytes: past 128, moving it calls `memcpy`, 10% on the allocation cycle.)
     piece: Option<Arc<u64>>,
-    /// Whether the workload came back to the block (see `budget.rs`).
-    proven: bool,
     /// The tensors inside it, where named.
     tensors: Box<[crate::snapshot::TensorNote]>,
 }

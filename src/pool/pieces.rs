@@ -22,7 +22,6 @@ pub(crate) struct Holder<B> {
     /// The pool's id of the block (of the segment, for a piece).
     pub id: u64,
     pub block: Arc<B>,
-    pub proven: bool,
     /// Where the allocation starts in the block.
     pub at: u64,
     /// Whether it is a piece of a segment.
@@ -32,7 +31,7 @@ pub(crate) struct Holder<B> {
 impl<B> Holder<B> {
     /// A whole block.
     pub fn whole(cached: Cached<B>) -> Self {
-        Holder { id: cached.id, block: Arc::new(cached.block), proven: cached.proven, at: 0, piece: false }
+        Holder { id: cached.id, block: Arc::new(cached.block), at: 0, piece: false }
     }
 }
 
@@ -40,7 +39,6 @@ struct Segment<B, P> {
     /// The whole block's key.
     key: Key<P>,
     block: Arc<B>,
-    proven: bool,
     /// Live pieces.
     live: usize,
     /// Free ranges: start -> length.
@@ -131,7 +129,6 @@ impl<B, P: Ord + Clone> Pieces<B, P> {
         let seg = Segment {
             key,
             block: Arc::clone(&block),
-            proven: cached.proven,
             live: 1,
             free: BTreeMap::new(),
             orphaned: false,
@@ -144,7 +141,7 @@ impl<B, P: Ord + Clone> Pieces<B, P> {
         if at + len < capacity {
             self.add_free(id, at + len, capacity - at - len);
         }
-        Holder { id, block, proven: cached.proven, at, piece: true }
+        Holder { id, block, at, piece: true }
     }
 
     /// Whether segment `id` is split (has a live piece).
@@ -186,7 +183,7 @@ impl<B, P: Ord + Clone> Pieces<B, P> {
         let seg = self.segs.get_mut(&id).expect("a known segment");
         seg.live += 1;
         seg.idle -= len;
-        (Holder { id, block: Arc::clone(&seg.block), proven: seg.proven, at, piece: true }, len)
+        (Holder { id, block: Arc::clone(&seg.block), at, piece: true }, len)
     }
 
     /// [`Pieces::find`], then [`Pieces::take_at`].
@@ -246,7 +243,7 @@ impl<B, P: Ord + Clone> Pieces<B, P> {
         if seg.live == 0 {
             let seg = self.remove_segment(id);
             return match (seg.orphaned, Arc::try_unwrap(seg.block)) {
-                (false, Ok(block)) => Freed::Whole(seg.key, Cached { id, block, proven: seg.proven }),
+                (false, Ok(block)) => Freed::Whole(seg.key, Cached { id, block }),
                 (_, Ok(block)) => Freed::Dropped(seg.key.capacity, Arc::new(block)),
                 (_, Err(block)) => Freed::Dropped(seg.key.capacity, block),
             };
@@ -283,7 +280,7 @@ mod tests {
     #[test]
     fn pieces_split_merge_and_come_back_whole() {
         let mut p: Pieces<u32, ()> = Pieces::new();
-        let (a, _) = p.split(key(8192), Cached { id: 7, block: 70, proven: false }, 1000, 1024);
+        let (a, _) = p.split(key(8192), Cached { id: 7, block: 70 }, 1000, 1024);
         assert_eq!((a.id, a.at, p.bytes()), (7, 0, 7168));
         let (b, b_len) = p.take(&key(2000), 2048).unwrap();
         assert_eq!((b.at, b_len, p.bytes()), (1024, 2048, 5120));
@@ -312,7 +309,7 @@ mod tests {
     #[test]
     fn a_piece_freed_while_held_stays_out_of_use_and_the_segment_is_dropped() {
         let mut p: Pieces<u32, ()> = Pieces::new();
-        let (a, _) = p.split(key(4096), Cached { id: 1, block: 10, proven: true }, 512, 512);
+        let (a, _) = p.split(key(4096), Cached { id: 1, block: 10 }, 512, 512);
         let (b, _) = p.take(&key(512), 512).unwrap();
         let held = Arc::clone(&a.block);
         drop(a.block);
@@ -333,8 +330,8 @@ mod tests {
     #[test]
     fn a_refused_segment_is_forgotten_with_its_free_ranges() {
         let mut p: Pieces<u32, ()> = Pieces::new();
-        let _a = p.split(key(4096), Cached { id: 1, block: 10, proven: false }, 512, 1024);
-        let _b = p.split(key(8192), Cached { id: 2, block: 20, proven: false }, 512, 1024);
+        let _a = p.split(key(4096), Cached { id: 1, block: 10 }, 512, 1024);
+        let _b = p.split(key(8192), Cached { id: 2, block: 20 }, 512, 1024);
         assert_eq!(p.bytes(), 3072 + 7168);
         let (bytes, blocks) = p.forget_where(|&b| b == 20);
         assert_eq!((bytes, blocks.len(), p.bytes()), (7168, 1, 3072));
@@ -347,7 +344,7 @@ mod tests {
     fn pieces_honour_alignment() {
         let mut p: Pieces<u32, ()> = Pieces::new();
         let k = Key { alignment: 4096, params: (), capacity: 16384 };
-        let _a = p.split(k.clone(), Cached { id: 1, block: 1, proven: false }, 600, 1024);
+        let _a = p.split(k.clone(), Cached { id: 1, block: 1 }, 600, 1024);
         let (b, len) = p.take(&Key { capacity: 1000, ..k }, 1024).unwrap();
         assert_eq!((b.at, len), (4096, 1024));
         assert_eq!(p.bytes(), 16384 - 2048);
