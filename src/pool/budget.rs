@@ -23,11 +23,25 @@ pub(crate) struct Budget<P> {
     log: EventLog<P>,
     /// The plan of the repetition under way, where the workload repeats and one was made.
     pub settled: Option<Settled<P>>,
+    /// A repetition seen but not planned yet: it is planned at the next allocation, so that the
+    /// frees that end a step, each confirming the repetition at a lower level, plan it once.
+    pending: Option<Pending>,
+    /// Plans made so far.
+    plans: u64,
+}
+
+/// A repetition to plan: the number of its first event, its level and period, and whether
+/// blocks split.
+struct Pending {
+    from: u64,
+    level: usize,
+    period: usize,
+    arena: bool,
 }
 
 impl<P: Ord + Clone> Budget<P> {
     pub fn new() -> Self {
-        Budget { repeats: Repeats::new(), log: EventLog::new(), settled: None }
+        Budget { repeats: Repeats::new(), log: EventLog::new(), settled: None, pending: None, plans: 0 }
     }
 
     /// The most the pool may hold: the most bytes asked for at once (`mark`, the request being
@@ -50,7 +64,12 @@ impl<P: Ord + Clone> Budget<P> {
 
     /// Where the plan puts the next allocation, if there is a plan and it asks for `size` bytes
     /// of `key`'s kind and capacity, as planned.
-    pub fn place(&self, size: u64, key: &Key<P>) -> Option<Place<P>> {
+    pub fn place(&mut self, size: u64, key: &Key<P>) -> Option<Place<P>> {
+        if let Some(p) = self.pending.take() {
+            self.settled = self.log.plan(p.from, (p.level, p.period), p.arena);
+            self.plans += 1;
+            log::debug!("devalloc: repeating at level {}: planned: {}", p.level, self.settled.is_some());
+        }
         let (level, k) = self.repeats.position()?;
         self.settled.as_ref().filter(|s| s.level == level)?.place(k, size, key)
     }
@@ -81,17 +100,60 @@ impl<P: Ord + Clone> Budget<P> {
     pub fn freed(&mut self, addr: u64, size: u64, arena: bool) {
         self.log.freed(addr);
         let confirmed = self.repeats.freed(size);
-        match (confirmed, &self.settled) {
-            (Some((level, period, _)), Some(s)) if (s.level, s.period) == (level, period) => {}
-            (Some((level, period, from)), _) => {
-                self.settled = self.log.plan(from, (level, period), arena);
-                log::debug!("devalloc: repeating at level {level}: planned: {}", self.settled.is_some());
+        let planned = |l, p| {
+            let settled = self.settled.as_ref().map(|s| (s.level, s.period));
+            self.pending.as_ref().map(|p| (p.level, p.period)).or(settled) == Some((l, p))
+        };
+        match confirmed {
+            Some((level, period, _)) if planned(level, period) => {}
+            Some((level, period, from)) => {
+                self.settled = None;
+                self.pending = Some(Pending { from, level, period, arena });
             }
-            (None, _) if !self.repeats.repeating() => self.settled = None,
-            (None, Some(s)) if self.repeats.position().is_none_or(|(l, _)| l != s.level) => {
-                self.settled = None
+            None if !self.repeats.repeating() => (self.settled, self.pending) = (None, None),
+            None => {
+                let at = self.repeats.position().map(|(l, _)| l);
+                if self.settled.as_ref().is_some_and(|s| Some(s.level) != at) {
+                    self.settled = None;
+                }
+                if self.pending.as_ref().is_some_and(|p| Some(p.level) != at) {
+                    self.pending = None;
+                }
             }
-            (None, _) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One step of a nested workload: 40 allocations, each live until the step ends, freed
+    /// last first, so that the step's end is a cascade of frees, each ending an excursion at
+    /// one level lower. Returns how many allocations the plan placed.
+    fn step(b: &mut Budget<()>, seq: &mut u64) -> usize {
+        let key = |i: u64| Key { alignment: 1, params: (), capacity: 512 * (i + 1) };
+        let mut placed = 0;
+        for i in 0..40 {
+            placed += usize::from(b.place(512 * (i + 1), &key(i)).is_some());
+            b.allocated(4096 * (i + 1), 512 * (i + 1), key(i), *seq);
+            *seq += 1;
+        }
+        for i in (0..40).rev() {
+            b.freed(4096 * (i + 1), 512 * (i + 1), true);
+        }
+        placed
+    }
+
+    #[test]
+    fn a_step_that_ends_in_a_cascade_of_frees_is_planned_once() {
+        let (mut b, mut seq) = (Budget::new(), 0);
+        assert_eq!(step(&mut b, &mut seq), 0, "nothing repeats yet");
+        assert_eq!(step(&mut b, &mut seq), 0, "it repeats only once this step ends");
+        // Its end confirmed the repetition at each of 9 levels (40 allocations down to 32).
+        for n in 3..6 {
+            assert_eq!(step(&mut b, &mut seq), 40, "step {n}: the plan places every allocation");
+            assert_eq!(b.plans, 1, "step {n}: one plan, made at the step's first allocation");
         }
     }
 }
