@@ -30,12 +30,10 @@ pub(crate) struct Budget<P> {
     plans: u64,
 }
 
-/// A repetition to plan: the number of its first event, its level and period, and whether
-/// blocks split.
+/// A repetition to plan: the number of its first event, its level, and whether blocks split.
 struct Pending {
     from: u64,
     level: usize,
-    period: usize,
     arena: bool,
 }
 
@@ -66,7 +64,7 @@ impl<P: Ord + Clone> Budget<P> {
     /// of `key`'s kind and capacity, as planned.
     pub fn place(&mut self, size: u64, key: &Key<P>) -> Option<Place<P>> {
         if let Some(p) = self.pending.take() {
-            self.settled = self.log.plan(p.from, (p.level, p.period), p.arena);
+            self.settled = self.log.plan(p.from, p.level, p.arena);
             self.plans += 1;
             log::debug!("devalloc: repeating at level {}: planned: {}", p.level, self.settled.is_some());
         }
@@ -100,15 +98,15 @@ impl<P: Ord + Clone> Budget<P> {
     pub fn freed(&mut self, addr: u64, size: u64, arena: bool) {
         self.log.freed(addr);
         let confirmed = self.repeats.freed(size);
-        let planned = |l, p| {
-            let settled = self.settled.as_ref().map(|s| (s.level, s.period));
-            self.pending.as_ref().map(|p| (p.level, p.period)).or(settled) == Some((l, p))
+        let planned = |l| {
+            let settled = self.settled.as_ref().map(|s| s.level);
+            self.pending.as_ref().map(|p| p.level).or(settled) == Some(l)
         };
         match confirmed {
-            Some((level, period, _)) if planned(level, period) => {}
-            Some((level, period, from)) => {
+            Some((level, _)) if planned(level) => {}
+            Some((level, from)) => {
                 self.settled = None;
-                self.pending = Some(Pending { from, level, period, arena });
+                self.pending = Some(Pending { from, level, arena });
             }
             None if !self.repeats.repeating() => (self.settled, self.pending) = (None, None),
             None => {

@@ -1,50 +1,35 @@
 //! Whether the workload is repeating itself exactly: a training or serving loop's steps, a
-//! model's identical layers, a loop of temporaries one at a time. Seen from the pool, an
-//! *excursion* is the live count rising above some level and coming back to it. Each
-//! excursion's events (allocations by size, frees by size) are hashed as they come; where the
-//! last `p` excursions at a level (a *period*, `p` up to [`MAX_PERIOD`], at least [`MIN_EVENTS`]
-//! events in all) are the same as the `p` before them, the workload repeats there, period after
-//! period, until the live count falls below that level or an excursion there differs from the
-//! one a period before it.
+//! model's identical layers. Seen from the pool, an *excursion* is the live count rising above
+//! some level and coming back to it. Each excursion's events (allocations by size, frees by
+//! size) are hashed as they come; where an excursion of at least [`MIN_EVENTS`] events is the
+//! same as the one before it at its level, the workload repeats there, excursion after
+//! excursion, until the live count falls below that level or an excursion there differs from
+//! the one before it.
 //!
-//! Cost: O([`MAX_PERIOD`]) per free and O(1) per allocation (a polynomial hash over the event
-//! stream, whose excursions' hashes are differences of its prefixes), 40 bytes per live
-//! allocation and up to `2 * MAX_PERIOD` excursions remembered per level.
+//! One excursion is one period. Periods of several excursions (say, the q, k and v projections
+//! of one attention layer, one at a time) were mostly coincidences of neighbouring ops that did
+//! not go on, and plans made from them held blocks the workload did not come back to: measured
+//! on the corpus (tests/data/traces/corpus), one pass each, host policy, periods of up to 8
+//! excursions held 1.43x the lower bound at worst, 2.9x when periods had to be seen three
+//! times; one excursion holds 1.07x.
+//!
+//! Cost: O(1) per allocation and free (a polynomial hash over the event stream, whose
+//! excursions' hashes are differences of its prefixes), 32 bytes per live allocation and one
+//! excursion remembered per level.
 
-use std::collections::VecDeque;
-
-/// A period must be at least this many events (allocations and frees) to count: 32
+/// An excursion must be at least this many events (allocations and frees) to count: 32
 /// allocations, a layer's or a step's worth, not two consecutive ops that happen to match.
 const MIN_EVENTS: u64 = 64;
-/// The most excursions one period may hold. One: a period of several excursions (say, the
-/// q, k and v projections of one attention layer, one at a time) is mostly a coincidence of
-/// neighbouring ops that does not go on, and a plan made from it holds blocks the workload does
-/// not come back to. Measured on the corpus (tests/data/traces/corpus), one pass each, host
-/// policy: up to 8 excursions held 1.43x the lower bound at worst, 2.9x when periods had to
-/// be seen three times; one holds 1.07x.
-const MAX_PERIOD: usize = 1;
 /// The hash's base (odd, so invertible modulo 2^64).
 const BASE: u64 = 0x9e37_79b9_7f4a_7c15;
-
-/// An excursion that ended: its hash, its length in events, and the event count and the
-/// caller's mark when it began.
-#[derive(Clone, Copy)]
-struct Ended {
-    hash: u64,
-    len: u64,
-    events: u64,
-    mark: u64,
-}
 
 /// Where the workload repeats.
 #[derive(Clone, Copy)]
 struct Repeating {
     level: usize,
-    period: usize,
-    /// The caller's mark when the last whole period began.
+    /// The caller's mark when the last whole excursion began.
     since: u64,
-    /// Excursions ended in the period under way, and the allocation count when it began.
-    phase: usize,
+    /// The allocation count when the excursion under way began.
     start: u64,
 }
 
@@ -61,12 +46,11 @@ pub(crate) struct Repeats {
     /// For each level below the live count: the prefix, inverse power, event count and the
     /// caller's mark (`allocated`'s `mark`) when the live count rose above it.
     open: Vec<(u64, u64, u64, u64)>,
-    /// For each level: the last excursions above it that ended, newest last.
-    ended: Vec<VecDeque<Ended>>,
+    /// For each level: the hash and length (in events) of the last excursion above it that
+    /// ended.
+    last: Vec<Option<(u64, u64)>>,
     repeating: Option<Repeating>,
-    /// The most excursions a period may hold, and the fewest events ([`MAX_PERIOD`],
-    /// [`MIN_EVENTS`]; others in tests).
-    max_period: usize,
+    /// The fewest events an excursion must have ([`MIN_EVENTS`]; others in tests).
     min_events: u64,
 }
 
@@ -85,14 +69,14 @@ const BASE_INVERSE: u64 = inverse_of(BASE);
 
 impl Repeats {
     pub fn new() -> Self {
-        Self::with_limits(MAX_PERIOD, MIN_EVENTS)
+        Self::with_min_events(MIN_EVENTS)
     }
 
-    /// A detector whose periods hold up to `max_period` excursions and at least `min_events`.
-    fn with_limits(max_period: usize, min_events: u64) -> Self {
-        let (open, ended) = (Vec::new(), Vec::new());
+    /// A detector whose excursions count from `min_events` events.
+    fn with_min_events(min_events: u64) -> Self {
+        let (open, last) = (Vec::new(), Vec::new());
         let (prefix, power, inverse, events, allocs, repeating) = (0, 1, 1, 0, 0, None);
-        Repeats { prefix, power, inverse, events, allocs, open, ended, repeating, max_period, min_events }
+        Repeats { prefix, power, inverse, events, allocs, open, last, repeating, min_events }
     }
 
     /// Whether the workload repeats now.
@@ -100,13 +84,13 @@ impl Repeats {
         self.repeating.is_some()
     }
 
-    /// Where the workload repeats: the mark given when its last whole period began.
+    /// Where the workload repeats: the mark given when its last whole excursion began.
     pub fn since(&self) -> Option<u64> {
         self.repeating.map(|r| r.since)
     }
 
     /// Where the workload repeats: its level, and the next allocation's place among the
-    /// allocations of the period under way there (0: it starts one).
+    /// allocations of the excursion under way there (0: it starts one).
     pub fn position(&self) -> Option<(usize, u64)> {
         self.repeating.map(|r| (r.level, self.allocs - r.start))
     }
@@ -127,55 +111,35 @@ impl Repeats {
         self.event(size << 1);
     }
 
-    /// A free of an allocation of `size` bytes. Where it ends a period that repeats the one
-    /// before it (the workload repeats, or goes on repeating): the level, the period (in
-    /// excursions) and the event count when the period began.
-    pub fn freed(&mut self, size: u64) -> Option<(usize, usize, u64)> {
+    /// A free of an allocation of `size` bytes. Where it ends an excursion that repeats the one
+    /// before it (the workload repeats, or goes on repeating): the level, and the event count
+    /// when the excursion began.
+    pub fn freed(&mut self, size: u64) -> Option<(usize, u64)> {
         self.event((size << 1) | 1);
         let (prefix, inverse, events, mark) = self.open.pop()?;
         let level = self.open.len();
         // The hash of the events since: prefix_now - prefix_then * BASE^(events between).
         let hash = self.prefix.wrapping_sub(prefix.wrapping_mul(self.power.wrapping_mul(inverse)));
-        if self.ended.len() <= level {
-            self.ended.resize_with(level + 1, VecDeque::new);
+        let len = self.events - events;
+        if self.last.len() <= level {
+            self.last.resize(level + 1, None);
         }
-        let ended = &mut self.ended[level];
-        if ended.len() == 2 * self.max_period {
-            ended.pop_front();
-        }
-        ended.push_back(Ended { hash, len: self.events - events, events, mark });
-        let ended = &self.ended[level];
-        // Whether the newest excursion is the one `p` before it.
-        let again = |p: usize| {
-            let n = ended.len();
-            n > p && (ended[n - 1].hash, ended[n - 1].len) == (ended[n - 1 - p].hash, ended[n - 1 - p].len)
-        };
+        let again = self.last[level].replace((hash, len)) == Some((hash, len));
         if let Some(r) = self.repeating.as_mut() {
-            if r.level > level || (r.level == level && !again(r.period)) {
+            if r.level > level || (r.level == level && !again) {
                 self.repeating = None;
             } else if r.level == level {
-                r.phase += 1;
-                if r.phase < r.period {
-                    return None;
-                }
-                let first = ended[ended.len() - r.period];
-                (r.phase, r.start, r.since) = (0, self.allocs, first.mark);
-                return Some((level, r.period, first.events));
+                (r.start, r.since) = (self.allocs, mark);
+                return Some((level, events));
             } else {
                 return None;
             }
         }
-        // A new repetition: the shortest period whose last two are the same.
-        let n = ended.len();
-        let period = (1..=self.max_period.min(n / 2)).find(|&p| {
-            (1..=p).all(|i| {
-                let (a, b) = (ended[n - i], ended[n - i - p]);
-                (a.hash, a.len) == (b.hash, b.len)
-            }) && ended.range(n - p..).map(|e| e.len).sum::<u64>() >= self.min_events
-        })?;
-        let first = ended[n - period];
-        self.repeating = Some(Repeating { level, period, since: first.mark, phase: 0, start: self.allocs });
-        Some((level, period, first.events))
+        if !again || len < self.min_events {
+            return None;
+        }
+        self.repeating = Some(Repeating { level, since: mark, start: self.allocs });
+        Some((level, events))
     }
 }
 
@@ -213,28 +177,22 @@ mod tests {
     }
 
     #[test]
-    fn temporaries_one_at_a_time_repeat_with_a_period() {
-        let sizes = [1 << 20, 768 << 10, 512 << 10, 384 << 10, 256 << 10];
+    fn short_excursions_do_not_count() {
         let mut r = Repeats::new();
         for _ in 0..20 {
-            for &s in &sizes {
-                r.allocated(s, 0);
-                assert_eq!(r.freed(s), None, "periods of one excursion of two events only");
-            }
+            r.allocated(1 << 20, 0);
+            assert_eq!(r.freed(1 << 20), None, "a temporary at a time: excursions of two events");
         }
-        let mut r = Repeats::with_limits(8, 8);
-        let mut found = Vec::new();
-        for _ in 0..8 {
-            for &s in &sizes {
-                r.allocated(s, 0);
-                found.extend(r.freed(s));
-            }
-        }
-        assert_eq!(found.first().map(|f| (f.0, f.1)), Some((0, 5)), "{found:?}");
-        assert_eq!(r.position(), Some((0, 0)), "a period just ended");
+        let mut r = Repeats::with_min_events(2);
+        r.allocated(1 << 20, 7);
+        assert_eq!(r.freed(1 << 20), None, "once is no repetition");
+        r.allocated(1 << 20, 9);
+        assert_eq!(r.freed(1 << 20), Some((0, 2)), "twice: the second excursion began at event 2");
+        assert_eq!(r.since(), Some(9));
+        assert_eq!(r.position(), Some((0, 0)), "an excursion just ended");
         r.allocated(1 << 20, 0);
         assert_eq!(r.position(), Some((0, 1)));
-        r.freed(1 << 20);
+        assert_eq!(r.freed(1 << 20), Some((0, 4)), "it goes on");
         r.allocated(1000, 0);
         r.freed(1000);
         assert!(!r.repeating(), "another size ends it");

@@ -68,7 +68,7 @@ impl<P: Ord + Clone> EventLog<P> {
 
     /// The plan for the repetition of the events from number `from` to the last (`None` where
     /// they are no longer all kept, or hold no allocation), with `arena` set where blocks split.
-    pub fn plan(&self, from: u64, (level, period): (usize, usize), arena: bool) -> Option<Settled<P>> {
+    pub fn plan(&self, from: u64, level: usize, arena: bool) -> Option<Settled<P>> {
         let skip = usize::try_from(from.checked_sub(self.first)?).ok()?;
         let events: Vec<&Event<P>> = self.events.iter().skip(skip).collect();
         let end = events.len() as u64;
@@ -112,7 +112,7 @@ impl<P: Ord + Clone> EventLog<P> {
         }
         let allocs = allocs.into_iter().map(|(size, key, ..)| (size, key)).collect();
         let bound = BTreeMap::new();
-        Some(Settled { level, period, allocs, offsets, arena_size, arena: None, slots, bound })
+        Some(Settled { level, allocs, offsets, arena_size, arena: None, slots, bound })
     }
 }
 
@@ -127,10 +127,8 @@ pub(crate) enum Place<P> {
 
 /// The plan of a repeating workload: see the module docs.
 pub(crate) struct Settled<P> {
-    /// The level (live allocations outside the repetition) it repeats at, and its period (in
-    /// excursions, see `repeats.rs`).
+    /// The level (live allocations outside the repetition) it repeats at (see `repeats.rs`).
     pub level: usize,
-    pub period: usize,
     /// Each allocation of the repetition, in order: its size and the key its size asks for.
     allocs: Vec<(u64, Key<P>)>,
     /// Each allocation's offset in the arena (blocks split) or slot (they do not).
