@@ -122,6 +122,13 @@ impl<B, P: Ord + Clone> BlockCache<B, P> {
         Some((Taken { key: key.clone(), seq }, cached))
     }
 
+    /// Takes the newest block cached under `key` exactly whose id `keep` does not pick (a plan's
+    /// slot without a block yet takes one no other slot keeps, see `settle.rs`).
+    pub fn take_unkept(&mut self, key: &Key<P>, keep: impl Fn(u64) -> bool) -> Option<(Taken<P>, Cached<B>)> {
+        let id = self.blocks.get(key)?.iter().rev().find(|(_, c)| !keep(c.id))?.1.id;
+        self.take_id(key, id)
+    }
+
     /// Gives back every cached block whose id `keep` does not pick (a repeating workload's plan
     /// keeps its slots' blocks, see `settle.rs`). The caller drops the blocks (outside its lock).
     pub fn evict_unkept(&mut self, keep: impl Fn(u64) -> bool) -> (u64, Vec<(Key<P>, B)>) {

@@ -8,9 +8,11 @@
 //!   allocation of the next repetitions gets its planned piece of the arena where it asks for
 //!   what the plan's allocation at its place asked for. The pool then holds about what the
 //!   repetition holds at once, plus what lives outside it.
-//! - Where they do not (wgpu), the pool keeps, of each block size, as many blocks as the
-//!   repetition had live at once, and gives the rest back: the least any policy that never
-//!   shares a block can hold for it.
+//! - Where they do not (wgpu), each allocation gets a slot, a block it has to itself while it
+//!   lives, by the smaller of two offline assignments over the repetition's lifetimes: largest
+//!   first, best fit (`unshared`), and in the order made, a free slot grown where none is
+//!   enough (`in_order`: a growing KV cache passes its slots along). The pool keeps the slots'
+//!   blocks and gives the rest back.
 //!
 //! An allocation that does not match the plan (another size, an alignment the arena cannot give
 //! at its place, its piece taken) is served as if there were no plan; a repetition that ends
@@ -107,7 +109,10 @@ impl<P: Ord + Clone> EventLog<P> {
             offsets = planned.offsets().to_vec();
             (arena_size, slots) = (planned.size(), Vec::new());
         } else {
-            (offsets, slots) = unshared(&allocs);
+            // The fewer bytes of two offline assignments.
+            let (a, b) = (unshared(&allocs), in_order(&allocs));
+            let bytes = |s: &Slots<P>| s.iter().map(|(k, _)| u128::from(k.capacity)).sum::<u128>();
+            (offsets, slots) = if bytes(&b.1) < bytes(&a.1) { b } else { a };
             arena_size = 0;
         }
         let allocs = allocs.into_iter().map(|(size, key, ..)| (size, key)).collect();
@@ -217,6 +222,47 @@ fn unshared<P: Ord + Clone>(allocs: &Lives<P>) -> (Vec<u64>, Slots<P>) {
     (slot_of, slots)
 }
 
+/// Where blocks do not split, the other way: allocations in the order they were made, each
+/// takes the smallest slot of its alignment and params that is free by then and holds it; else
+/// the largest free one, grown to hold it; else a new slot. Slots that a growing tensor (a KV
+/// cache) or a rotation of same-sized ones passes along are reused where largest-first
+/// assignment (`unshared`) opens a slot per size.
+fn in_order<P: Ord + Clone>(allocs: &Lives<P>) -> (Vec<u64>, Slots<P>) {
+    use std::cmp::Reverse;
+    let mut free: std::collections::BTreeSet<(Key<P>, usize)> = std::collections::BTreeSet::new();
+    let mut busy: std::collections::BinaryHeap<Reverse<(u64, usize)>> = std::collections::BinaryHeap::new();
+    let mut slots: Slots<P> = Vec::new();
+    let mut slot_of = Vec::with_capacity(allocs.len());
+    for (_, key, first, last) in allocs {
+        while let Some(&Reverse((end, j))) = busy.peek() {
+            if end >= *first {
+                break;
+            }
+            busy.pop();
+            free.insert((slots[j].0.clone(), j));
+        }
+        let lo = Key { capacity: 0, ..key.clone() };
+        let hi = Key { capacity: u64::MAX, ..key.clone() };
+        let fits = free.range((key.clone(), 0)..=(hi, usize::MAX)).next();
+        let j = match fits.or_else(|| free.range((lo, 0)..(key.clone(), 0)).next_back()) {
+            Some(found) => {
+                let found = found.clone();
+                free.remove(&found);
+                let j = found.1;
+                slots[j].0.capacity = slots[j].0.capacity.max(key.capacity);
+                j
+            }
+            None => {
+                slots.push((key.clone(), None));
+                slots.len() - 1
+            }
+        };
+        busy.push(Reverse((*last, j)));
+        slot_of.push(j as u64);
+    }
+    (slot_of, slots)
+}
+
 /// A cached block taken for a request, and how it was taken.
 type Found<S> = (Taken<<S as Storage>::Params>, Cached<<S as Storage>::Block>);
 
@@ -245,7 +291,13 @@ impl<S: Storage> Pool<S> {
         };
         match place {
             Place::Slot(j, key, id) => {
-                if let Some(found) = id.and_then(|id| state.cache.take_id(&key, id)) {
+                let found = match id {
+                    Some(id) => state.cache.take_id(&key, id),
+                    // A slot without a block yet takes a cached one of its key no slot keeps.
+                    None => state.cache.take_unkept(&key, |id| settled.keeps(id)),
+                };
+                if let Some(found) = found {
+                    state.budget.bind(j, found.1.id);
                     *cached = Some(found);
                 } else if roomy(key.capacity) {
                     plan.key.capacity = key.capacity;
@@ -274,5 +326,55 @@ impl<S: Storage> Pool<S> {
                 None
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Three layers' KV caches, each growing by a granule a step and made while the one it
+    /// replaces still lives (a decode loop): at most 4 live at once.
+    fn kv_caches() -> Vec<(u64, Key<()>, u64, u64)> {
+        let mut lives: Vec<(u64, Key<()>, u64, u64)> = Vec::new();
+        let (mut step, mut open) = (0, [None; 3]);
+        for t in 0..10u64 {
+            for layer in &mut open {
+                let capacity = 512 * (t + 1);
+                lives.push((capacity, Key { alignment: 1, params: (), capacity }, step, u64::MAX));
+                if let Some(i) = layer.replace(lives.len() - 1) {
+                    let old: &mut (u64, Key<()>, u64, u64) = &mut lives[i];
+                    old.3 = step;
+                }
+                step += 1;
+            }
+        }
+        lives.iter_mut().filter(|l| l.3 == u64::MAX).for_each(|l| l.3 = step);
+        lives
+    }
+
+    fn bytes(slots: &Slots<()>) -> u64 {
+        slots.iter().map(|(k, _)| k.capacity).sum()
+    }
+
+    /// Whether no two allocations of one slot live at once, and each slot holds its own.
+    fn valid(lives: &Lives<()>, (slot_of, slots): &(Vec<u64>, Slots<()>)) -> bool {
+        lives.iter().zip(slot_of).enumerate().all(|(i, (a, &j))| {
+            slots[j as usize].0.capacity >= a.1.capacity
+                && lives.iter().zip(slot_of).skip(i + 1).all(|(b, &k)| k != j || b.2 > a.3 || a.2 > b.3)
+        })
+    }
+
+    #[test]
+    fn growing_caches_pass_their_slots_along() {
+        let lives = kv_caches();
+        let (largest_first, in_order) = (unshared(&lives), in_order(&lives));
+        assert!(valid(&lives, &largest_first) && valid(&lives, &in_order));
+        let end = lives.iter().map(|l| l.3).max().unwrap();
+        let live_at =
+            |t: u64| lives.iter().filter(|l| l.2 <= t && t <= l.3).map(|l| l.1.capacity).sum::<u64>();
+        let most = (0..=end).map(live_at).max().unwrap();
+        assert_eq!(bytes(&in_order.1), most, "in order: the most bytes live at once");
+        assert!(bytes(&largest_first.1) > most * 5 / 4, "{} vs {most}", bytes(&largest_first.1));
     }
 }
