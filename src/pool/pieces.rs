@@ -30,6 +30,7 @@ pub(crate) struct Holder<B> {
 
 impl<B> Holder<B> {
     /// A whole block.
+    #[inline]
     pub fn whole(cached: Cached<B>) -> Self {
         Holder { id: cached.id, block: Arc::new(cached.block), at: 0, piece: false }
     }

@@ -118,9 +118,20 @@ impl Repeats {
         self.event((size << 1) | 1);
         let (prefix, inverse, events, mark) = self.open.pop()?;
         let level = self.open.len();
+        let len = self.events - events;
+        if len < self.min_events {
+            // Too short to count (the hot cycle: one allocation freed): it ends a repetition at
+            // its level or above, and leaves nothing the next excursion there could repeat.
+            if self.repeating.is_some_and(|r| r.level >= level) {
+                self.repeating = None;
+            }
+            if let Some(last) = self.last.get_mut(level) {
+                *last = None;
+            }
+            return None;
+        }
         // The hash of the events since: prefix_now - prefix_then * BASE^(events between).
         let hash = self.prefix.wrapping_sub(prefix.wrapping_mul(self.power.wrapping_mul(inverse)));
-        let len = self.events - events;
         if self.last.len() <= level {
             self.last.resize(level + 1, None);
         }
@@ -135,7 +146,7 @@ impl Repeats {
                 return None;
             }
         }
-        if !again || len < self.min_events {
+        if !again {
             return None;
         }
         self.repeating = Some(Repeating { level, since: mark, start: self.allocs });
