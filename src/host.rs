@@ -10,10 +10,11 @@ use std::alloc::Layout;
 use std::ptr::NonNull;
 use std::sync::RwLock;
 
-use crate::device::{Device, DeviceType};
+use crate::device::{Device, DeviceIndex, DeviceType};
 use crate::error::{Error, Result};
 use crate::pool::{Pool, PoolOptions};
 use crate::pooled_allocator::PooledAllocator;
+use crate::ptr::DevicePtr;
 use crate::storage::Storage;
 use crate::sync::Unpoisoned;
 
@@ -185,5 +186,24 @@ impl HostAllocator {
     pub fn with_options(options: PoolOptions) -> Result<Self> {
         let pools = vec![Pool::new(HostStorage, options)?];
         Ok(HostAllocator(PooledAllocator::from_pools(DeviceType::Cpu, pools)?))
+    }
+
+    /// The host address of the `nbytes` at `ptr`, which must lie inside one live allocation of
+    /// device `index` (checked as a copy checks its range: a null, foreign, freed or
+    /// out-of-range pointer is an error), for code that hands host buffers to kernels. It stays
+    /// valid until that allocation is freed (or this allocator dropped), and is aligned as
+    /// `ptr` is to the allocation's alignment up to 64 bytes. What is done through it is not
+    /// ordered with devalloc's own copies into the same bytes, which take the block's lock (a
+    /// race there is the caller's, as with any shared memory); it is not tracked, so a use after
+    /// the free is not caught.
+    pub fn host_address(&self, ptr: DevicePtr, nbytes: usize, index: DeviceIndex) -> Result<NonNull<u8>> {
+        let pool = self.0.pool(index)?;
+        let len = u64::try_from(nbytes).map_err(|_| Error::invalid_argument("length exceeds u64"))?;
+        let at = pool.block_at(ptr, len).map_err(|e| self.0.foreign(index, ptr, e))?;
+        let offset =
+            usize::try_from(at.offset).map_err(|_| Error::invalid_argument("offset exceeds usize"))?;
+        // SAFETY: `block_at` checked `offset + nbytes` against the live allocation, which lies
+        // inside its block's `layout.size()` bytes starting at `ptr`.
+        Ok(unsafe { at.block.ptr.add(offset) })
     }
 }

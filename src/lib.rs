@@ -154,7 +154,8 @@ pub use planned::{PlanLayout, PlannedMemory, PlannedTensor};
 pub use pool::PoolOptions;
 pub use ptr::DevicePtr;
 pub use registry::{
-    copy_across_devices, get_device_allocator, register_device_allocator, DeviceAllocatorRegistry,
+    copy_across_devices, copy_between, get_device_allocator, register_device_allocator, CopyEnd,
+    DeviceAllocatorRegistry,
 };
 
 /// `Send + Sync` on native; nothing on wasm, where wgpu's web types are neither (as wgpu's own

@@ -164,18 +164,36 @@ impl DeviceAllocatorRegistry {
     ) -> Result<()> {
         let d = self.require(dst.device_type)?;
         let s = self.require(src.device_type)?;
-        if dst.device_type == src.device_type {
-            return match mode {
-                Mode::Blocking => d.copy_device_to_device(dst_ptr, dst.index, src_ptr, src.index, nbytes),
-                Mode::Async => {
-                    d.copy_device_to_device_async(dst_ptr, dst.index, src_ptr, src.index, nbytes).await
-                }
-            };
-        }
-        let dst = End { alloc: d, index: dst.index, ptr: dst_ptr };
-        let src = End { alloc: s, index: src.index, ptr: src_ptr };
-        bounce(dst, src, nbytes, mode).await
+        copy_between_with((d, dst.index, dst_ptr), (s, src.index, src_ptr), nbytes, mode).await
     }
+}
+
+/// One end of a copy between allocators: the allocator, the device index, the address.
+pub type CopyEnd<'a> = (&'a dyn DeviceAllocator, crate::DeviceIndex, DevicePtr);
+
+/// Copies `nbytes` from `src` (an allocator, a device index of it, an address) to `dst`, with
+/// no registry: through the allocator's own device-to-device copy when both ends are one
+/// allocator, else through a host bounce buffer in chunks of 4 MiB, as
+/// [`DeviceAllocatorRegistry::copy`] does (it calls this). For allocators a program owns and
+/// drops itself (the C ABI's, which close at `devalloc_shutdown`). Both ranges are checked
+/// before a byte moves.
+pub fn copy_between(dst: CopyEnd<'_>, src: CopyEnd<'_>, nbytes: usize) -> Result<()> {
+    run_blocking(copy_between_with(dst, src, nbytes, Mode::Blocking))
+}
+
+async fn copy_between_with(dst: CopyEnd<'_>, src: CopyEnd<'_>, nbytes: usize, mode: Mode) -> Result<()> {
+    let ((d, dst_index, dst_ptr), (s, src_index, src_ptr)) = (dst, src);
+    if std::ptr::addr_eq(d, s) {
+        return match mode {
+            Mode::Blocking => d.copy_device_to_device(dst_ptr, dst_index, src_ptr, src_index, nbytes),
+            Mode::Async => {
+                d.copy_device_to_device_async(dst_ptr, dst_index, src_ptr, src_index, nbytes).await
+            }
+        };
+    }
+    let dst = End { alloc: d, index: dst_index, ptr: dst_ptr };
+    let src = End { alloc: s, index: src_index, ptr: src_ptr };
+    bounce(dst, src, nbytes, mode).await
 }
 
 /// Registers `allocator` in the process-wide registry.
