@@ -1,5 +1,5 @@
 //! With the `header` feature, generates `devalloc.h` from this crate's source with cbindgen into
-//! `OUT_DIR`, where `tests/header.rs` compares it with the committed `include/devalloc.h`.
+//! `OUT_DIR` (its C99 comments made C89 ones), where `tests/header.rs` compares it with the committed `include/devalloc.h`.
 //! Without it, does nothing.
 
 fn main() {
@@ -15,7 +15,15 @@ fn main() {
             .with_config(config)
             .generate()
             .expect("cbindgen generates the header");
-        bindings.write_to_file(out.join("devalloc.h"));
+        // cbindgen closes its `extern "C"` block with C99 comments of its own: made C89 ones,
+        // as every other comment in the header is.
+        let mut text = Vec::new();
+        bindings.write(&mut text);
+        let text = String::from_utf8(text).expect("cbindgen writes UTF-8");
+        let text = text
+            .replace("// __cplusplus", "/* __cplusplus */")
+            .replace("// extern \"C\"", "/* extern \"C\" */");
+        std::fs::write(out.join("devalloc.h"), text).expect("OUT_DIR is writable");
         println!("cargo:rerun-if-changed=src");
         println!("cargo:rerun-if-changed=cbindgen.toml");
     }

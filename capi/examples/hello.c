@@ -17,17 +17,17 @@ static int check(DevallocStatus status, const char *what) {
 }
 
 int main(void) {
-  const int32_t cpu = DEVALLOC_DEVICE_TYPE_CPU;
+  const DevallocDeviceType cpu = DEVALLOC_DEVICE_TYPE_CPU;
   uint64_t ptr = 0;
   char back[6] = {0};
   DevallocStats stats;
 
   printf("devalloc %s\n", devalloc_version());
   if (check(devalloc_open(cpu), "open cpu")) return 1;
-  if (check(devalloc_allocate(cpu, 1024, 0, 256, &ptr), "allocate")) return 1;
+  if (check(devalloc_allocate(cpu, 0, 1024, 256, &ptr), "allocate")) return 1;
   /* Any address inside the allocation works in a copy (as a memory plan's tensors do). */
-  if (check(devalloc_copy_host_to_device(cpu, ptr + 16, "hello", 5, 0), "copy in")) return 1;
-  if (check(devalloc_copy_device_to_host(cpu, back, ptr + 16, 5, 0), "copy out")) return 1;
+  if (check(devalloc_copy_host_to_device(cpu, 0, ptr + 16, "hello", 5), "copy in")) return 1;
+  if (check(devalloc_copy_device_to_host(cpu, 0, back, ptr + 16, 5), "copy out")) return 1;
   if (strcmp(back, "hello") != 0) {
     fprintf(stderr, "hello: read back \"%s\"\n", back);
     return 1;
@@ -38,12 +38,12 @@ int main(void) {
          (unsigned long long)stats.allocated_bytes);
 
   /* Errors are codes with a message, never a crash. */
-  DevallocStatus bad = devalloc_copy_host_to_device(cpu, ptr + 1020, "hello", 5, 0);
+  DevallocStatus bad = devalloc_copy_host_to_device(cpu, 0, ptr + 1020, "hello", 5);
   printf("a copy past the end: %s (%s)\n", devalloc_status_name(bad), devalloc_last_error());
   if (bad != DEVALLOC_STATUS_OUT_OF_BOUNDS) return 1;
 
-  if (check(devalloc_deallocate(cpu, ptr, 0), "free")) return 1;
-  bad = devalloc_deallocate(cpu, ptr, 0);
+  if (check(devalloc_deallocate(cpu, 0, ptr), "free")) return 1;
+  bad = devalloc_deallocate(cpu, 0, ptr);
   printf("a double free: %s (%s)\n", devalloc_status_name(bad), devalloc_last_error());
   if (bad != DEVALLOC_STATUS_INVALID_POINTER) return 1;
 
@@ -55,6 +55,12 @@ int main(void) {
   } else {
     printf("cuda: not here (%s)\n", devalloc_last_error());
   }
+
+  /* Shut down: everything devalloc holds is released, and its calls say so until it opens again. */
+  if (check(devalloc_shutdown(), "shutdown")) return 1;
+  bad = devalloc_stats(cpu, 0, &stats);
+  printf("after shutdown: %s (%s)\n", devalloc_status_name(bad), devalloc_last_error());
+  if (bad != DEVALLOC_STATUS_NOT_FOUND) return 1;
   printf("ok\n");
   return 0;
 }

@@ -117,14 +117,16 @@ class DeviceAllocator final : public et::DeviceAllocator {
   et::Result<void*> allocate(size_t nbytes, DeviceIndex index, size_t alignment = kDefaultAlignment) override {
     if (index < 0) return refuse("allocate", index);
     uint64_t ptr = 0;
-    DevallocStatus s = devalloc_allocate(devalloc_type(), nbytes, static_cast<uint32_t>(index), alignment, &ptr);
+    DevallocStatus s =
+        devalloc_allocate(devalloc_type(), static_cast<uint32_t>(index), nbytes, alignment, &ptr);
     if (s != DEVALLOC_STATUS_OK) return fail("allocate", s);
     return reinterpret_cast<void*>(static_cast<uintptr_t>(ptr));
   }
 
   void deallocate(void* ptr, DeviceIndex index) override {
     DevallocStatus s = index < 0 ? DEVALLOC_STATUS_INVALID_ARGUMENT
-                                 : devalloc_deallocate(devalloc_type(), detail::address(ptr), static_cast<uint32_t>(index));
+                                 : devalloc_deallocate(devalloc_type(), static_cast<uint32_t>(index),
+                                                       detail::address(ptr));
     if (s != DEVALLOC_STATUS_OK) {
       refused_frees_.fetch_add(1, std::memory_order_relaxed);
       ET_LOG(Error, "devalloc: deallocate(%p, %d) refused: %s", ptr, static_cast<int>(index),
@@ -134,15 +136,15 @@ class DeviceAllocator final : public et::DeviceAllocator {
 
   et::Error copy_host_to_device(void* dst, const void* src, size_t nbytes, DeviceIndex index) override {
     if (index < 0) return refuse("copy_host_to_device", index);
-    DevallocStatus s = devalloc_copy_host_to_device(devalloc_type(), detail::address(dst), src, nbytes,
-                                                    static_cast<uint32_t>(index));
+    DevallocStatus s =
+        devalloc_copy_host_to_device(devalloc_type(), static_cast<uint32_t>(index), detail::address(dst), src, nbytes);
     return s == DEVALLOC_STATUS_OK ? et::Error::Ok : fail("copy_host_to_device", s);
   }
 
   et::Error copy_device_to_host(void* dst, const void* src, size_t nbytes, DeviceIndex index) override {
     if (index < 0) return refuse("copy_device_to_host", index);
-    DevallocStatus s = devalloc_copy_device_to_host(devalloc_type(), dst, detail::address(src), nbytes,
-                                                    static_cast<uint32_t>(index));
+    DevallocStatus s =
+        devalloc_copy_device_to_host(devalloc_type(), static_cast<uint32_t>(index), dst, detail::address(src), nbytes);
     return s == DEVALLOC_STATUS_OK ? et::Error::Ok : fail("copy_device_to_host", s);
   }
 
@@ -157,9 +159,9 @@ class DeviceAllocator final : public et::DeviceAllocator {
                                   size_t nbytes) {
     if (dst_index < 0) return refuse("copy_device_to_device", dst_index);
     if (src_index < 0) return refuse("copy_device_to_device", src_index);
-    DevallocStatus s = devalloc_copy_device_to_device(devalloc_type(), detail::address(dst),
-                                                      static_cast<uint32_t>(dst_index), devalloc_type(),
-                                                      detail::address(src), static_cast<uint32_t>(src_index), nbytes);
+    DevallocStatus s = devalloc_copy_device_to_device(devalloc_type(), static_cast<uint32_t>(dst_index),
+                                                      detail::address(dst), devalloc_type(),
+                                                      static_cast<uint32_t>(src_index), detail::address(src), nbytes);
     return s == DEVALLOC_STATUS_OK ? et::Error::Ok : fail("copy_device_to_device", s);
   }
 #if defined(__clang__)
@@ -169,7 +171,7 @@ class DeviceAllocator final : public et::DeviceAllocator {
   DeviceType device_type() const override { return type_; }
 
   /// devalloc's device type for ExecuTorch's (their values agree: CPU 0, CUDA 1).
-  int32_t devalloc_type() const { return static_cast<int32_t>(type_); }
+  DevallocDeviceType devalloc_type() const { return static_cast<DevallocDeviceType>(type_); }
 
   /// How many deallocate() calls were refused (null, foreign, interior or freed pointers, bad
   /// indices): ExecuTorch's deallocate returns nothing, so they are logged and counted here.
@@ -205,7 +207,10 @@ inline DeviceAllocator& adapter(DeviceType type) {
 /// here: CPU always, CUDA where a driver and a device are present. Returns how many it
 /// registered now. Types that already have an allocator in ExecuTorch's registry (an earlier
 /// call's, or another's) are left as they are, so a second call registers nothing and never
-/// aborts. Serialised against itself; call it before other threads use ExecuTorch's registry.
+/// aborts. ExecuTorch has no way to unregister: after devalloc_shutdown() the adapters stay in
+/// its registry and their calls fail (NotFound) until this is called again, which opens
+/// devalloc's allocators again. Serialised against itself; call it before other threads use
+/// ExecuTorch's registry.
 inline int register_available() {
   static std::mutex lock;
   std::lock_guard<std::mutex> guard(lock);
@@ -213,14 +218,20 @@ inline int register_available() {
   for (DeviceType type : {DeviceType::CPU, DeviceType::CUDA}) {
     DeviceAllocator& a = adapter(type);
     et::DeviceAllocator* present = et::get_device_allocator(type);
+    if (present == &a) {
+      devalloc_open(a.devalloc_type());  // ours: open again after a devalloc_shutdown(), else a no-op
+      continue;
+    }
     if (present != nullptr) {
-      if (present != &a) ET_LOG(Info, "devalloc: ExecuTorch already has an allocator for device type %d", a.devalloc_type());
+      ET_LOG(Info, "devalloc: ExecuTorch already has an allocator for device type %d",
+             static_cast<int>(a.devalloc_type()));
       continue;
     }
     uint32_t devices = 0;
     if (devalloc_open(a.devalloc_type()) != DEVALLOC_STATUS_OK ||
         devalloc_device_count(a.devalloc_type(), &devices) != DEVALLOC_STATUS_OK || devices == 0) {
-      ET_LOG(Info, "devalloc: device type %d not registered: %s", a.devalloc_type(), devalloc_last_error());
+      ET_LOG(Info, "devalloc: device type %d not registered: %s", static_cast<int>(a.devalloc_type()),
+             devalloc_last_error());
       continue;
     }
     et::register_device_allocator(&a);

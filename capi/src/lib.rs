@@ -19,21 +19,25 @@
 //! #include <devalloc.h>
 //! uint64_t p;
 //! if (devalloc_open(DEVALLOC_DEVICE_TYPE_CPU) != DEVALLOC_STATUS_OK ||
-//!     devalloc_allocate(DEVALLOC_DEVICE_TYPE_CPU, 1024, 0, 256, &p) != DEVALLOC_STATUS_OK)
+//!     devalloc_allocate(DEVALLOC_DEVICE_TYPE_CPU, 0, 1024, 256, &p) != DEVALLOC_STATUS_OK)
 //!   fprintf(stderr, "devalloc: %s\n", devalloc_last_error());
 //! ```
 //!
 //! The layout follows cudarc's split: [`status`] turns results and panics into statuses,
-//! `open` holds the allocators (devalloc's process-wide registry, shared with Rust code in the
-//! same process), and `ffi` is the boundary itself, one thin function per C call.
+//! [`raw`] is how enum arguments cross (as checked integers), `open` holds the allocators (the
+//! C ABI's own, which `devalloc_shutdown` closes), and `ffi` and `ffi_controls` are the
+//! boundary itself, one thin function per C call.
 #![deny(unsafe_code)]
 
 mod ffi;
+mod ffi_controls;
 mod logger;
 mod open;
+pub mod raw;
 pub mod status;
 
 pub use ffi::*;
+pub use ffi_controls::*;
 pub use logger::DevallocLogLevel;
 pub use open::DevallocDeviceType;
 pub use status::DevallocStatus;

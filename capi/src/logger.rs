@@ -45,7 +45,8 @@ static INSTALLED: Mutex<bool> = Mutex::new(false);
 
 /// Sends devalloc's log to stderr at `level` (0 = off to 5 = trace); again to change the level.
 /// `NOT_SUPPORTED` when another logger (a Rust host's own) is installed in the process.
-pub fn to_stderr(level: i32) -> Outcome {
+pub fn to_stderr(level: crate::raw::RawLogLevel) -> Outcome {
+    let level = level.0;
     let filter = match level {
         0 => LevelFilter::Off,
         1 => LevelFilter::Error,

@@ -1,9 +1,15 @@
-//! The allocators behind the C ABI: devalloc's process-wide registry, filled on demand (one
-//! allocator per device type, opened once and kept for the life of the process), and the
-//! controls that need an allocator's concrete type (the memory limit).
+//! The allocators behind the C ABI: one per device type, opened on demand and owned here
+//! until `devalloc_shutdown` drops them (which frees what they still hold, reporting each
+//! allocation left as a leak). Every call clones the allocator's `Arc` for its own duration, so
+//! a shutdown on one thread never pulls an allocator from under a call on another: that call
+//! finishes on it, and the last one out drops it. They are devalloc's allocators but not in its
+//! process-wide registry (whose allocators live for the process, and so could never close).
 
-use devalloc::{DeviceAllocator, DeviceAllocatorRegistry, DeviceType, Error, HostAllocator};
+use std::sync::{Arc, Mutex, RwLock};
 
+use devalloc::{DeviceAllocator, DeviceType, Error, HostAllocator};
+
+use crate::raw::RawDeviceType;
 use crate::status::{DevallocStatus, Failure, Outcome};
 
 /// A device type as C names it (the values are devalloc's `DeviceType` discriminants; CPU and
@@ -11,7 +17,11 @@ use crate::status::{DevallocStatus, Failure, Outcome};
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DevallocDeviceType {
-    /// Host memory (`HostAllocator`; its addresses are devalloc's, reached through copies).
+    /// Every open device type at once, where a call says it takes it (`devalloc_empty_cache`,
+    /// `devalloc_record_history`, `devalloc_snapshot_to_file`); elsewhere an invalid argument.
+    All = -1,
+    /// Host memory (`HostAllocator`; its addresses are devalloc's, reached through copies or
+    /// `devalloc_host_pointer`).
     Cpu = 0,
     /// CUDA device memory (`CudaAllocator`, feature `cuda`).
     Cuda = 1,
@@ -28,66 +38,116 @@ pub enum DevallocDeviceType {
 }
 
 /// The devalloc device type a C caller named, or an invalid argument.
-pub fn device_type(raw: i32) -> Outcome<DeviceType> {
+pub fn device_type(raw: RawDeviceType) -> Outcome<DeviceType> {
+    let raw = raw.0;
     usize::try_from(raw).ok().and_then(|i| DeviceType::ALL.get(i).copied()).ok_or_else(|| {
+        let all = if raw == DevallocDeviceType::All as i32 {
+            " (DEVALLOC_DEVICE_TYPE_ALL is not one here)"
+        } else {
+            ""
+        };
         Failure::invalid(format!(
-            "unknown device type {raw}: expected 0 (cpu) to {} ({})",
+            "unknown device type {raw}{all}: expected 0 (cpu) to {} ({})",
             DeviceType::ALL.len() - 1,
             DeviceType::ALL[DeviceType::ALL.len() - 1]
         ))
     })
 }
 
-fn registry() -> &'static DeviceAllocatorRegistry {
-    DeviceAllocatorRegistry::instance()
+/// An open allocator, shared by the calls using it.
+pub type Open = Arc<dyn DeviceAllocator>;
+
+/// One slot per device type.
+static OPEN: RwLock<[Option<Open>; DeviceType::ALL.len()]> =
+    RwLock::new([const { None }; DeviceType::ALL.len()]);
+/// Serialises opening and closing: no two threads make an allocator of one type, and a
+/// shutdown never runs beside an open.
+static MAKING: Mutex<()> = Mutex::new(());
+
+fn slots() -> std::sync::RwLockReadGuard<'static, [Option<Open>; DeviceType::ALL.len()]> {
+    OPEN.read().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The allocator open for `device_type`, or [`DevallocStatus::NotFound`] saying to open it.
-pub fn allocator(device_type: DeviceType) -> Outcome<&'static dyn DeviceAllocator> {
-    registry().get_allocator(device_type).ok_or_else(|| {
+pub fn allocator(device_type: DeviceType) -> Outcome<Open> {
+    slots()[device_type as usize].clone().ok_or_else(|| {
         Failure::new(
             DevallocStatus::NotFound,
-            format!("no {device_type} allocator is open: call devalloc_open({}) first", device_type as u8),
+            format!(
+                "no {device_type} allocator is open: call devalloc_open(DEVALLOC_DEVICE_TYPE_{}) first",
+                device_type.name().to_uppercase()
+            ),
         )
     })
 }
 
-/// Opens the allocator of `device_type` unless one is open already (by this library or by
-/// Rust code in the same process through the same registry), and returns it.
-pub fn open(device_type: DeviceType) -> Outcome<&'static dyn DeviceAllocator> {
-    let made = registry().get_or_register(device_type, || make(device_type))?;
+/// Every open allocator with its type, in type order.
+pub fn all_open() -> Vec<(DeviceType, Open)> {
+    let slots = slots();
+    DeviceType::ALL.iter().filter_map(|&t| slots[t as usize].clone().map(|a| (t, a))).collect()
+}
+
+/// Opens the allocator of `device_type` unless it is open already, and returns it.
+pub fn open(device_type: DeviceType) -> Outcome<Open> {
+    if let Ok(open) = allocator(device_type) {
+        return Ok(open);
+    }
+    let _making = MAKING.lock().unwrap_or_else(|e| e.into_inner());
+    if let Ok(open) = allocator(device_type) {
+        return Ok(open);
+    }
+    // Made outside the slots' lock: opening a GPU takes a while, and calls on other types go on.
+    let made: Open = make(device_type)?;
+    OPEN.write().unwrap_or_else(|e| e.into_inner())[device_type as usize] = Some(Arc::clone(&made));
+    log::info!("devalloc: opened {device_type}: {}", made.device_name(0));
     Ok(made)
 }
 
-/// Opens every allocator this machine offers (`devalloc::register_available`); returns a bit
-/// mask of the device types open afterwards (bit `t` for device type `t`).
+/// Opens every allocator this machine offers (CPU, each wgpu API with an adapter, CUDA with a
+/// driver and a device); returns a bit mask of the device types open afterwards (bit `t` for
+/// device type `t`).
 pub fn open_available() -> u32 {
-    for r in devalloc::register_available(registry()) {
-        log::info!("devalloc: {r}");
+    let native = DeviceType::ALL.iter().copied().filter(|&t| t != DeviceType::WebGpu);
+    for t in native {
+        if let Err(e) = open(t) {
+            log::info!("devalloc: {t} not opened: {}", e.message());
+        }
     }
-    registry().allocators().fold(0, |mask, a| mask | 1 << (a.device_type() as u32))
+    all_open().iter().fold(0, |mask, (t, _)| mask | 1 << (*t as u32))
 }
 
-fn make(device_type: DeviceType) -> devalloc::Result<&'static dyn DeviceAllocator> {
+/// Closes every open allocator: each is dropped once the last call using it returns, which
+/// frees what it still holds (logging each live allocation as a leak, at WARN) and releases
+/// its devices. Returns how many were open.
+pub fn shutdown() -> usize {
+    let _making = MAKING.lock().unwrap_or_else(|e| e.into_inner());
+    let closing: Vec<Open> =
+        OPEN.write().unwrap_or_else(|e| e.into_inner()).iter_mut().filter_map(Option::take).collect();
+    let n = closing.len();
+    drop(closing); // outside the slots' lock: a leak report or a device's release takes a while
+    n
+}
+
+fn make(device_type: DeviceType) -> devalloc::Result<Open> {
     match device_type {
-        DeviceType::Cpu => Ok(Box::leak(Box::new(HostAllocator::new()))),
+        DeviceType::Cpu => Ok(Arc::new(HostAllocator::new())),
         DeviceType::Cuda => make_cuda(),
         other => make_wgpu(other),
     }
 }
 
 #[cfg(feature = "cuda")]
-fn make_cuda() -> devalloc::Result<&'static dyn DeviceAllocator> {
-    Ok(Box::leak(Box::new(devalloc::cuda::CudaAllocator::new()?)))
+fn make_cuda() -> devalloc::Result<Open> {
+    Ok(Arc::new(devalloc::cuda::CudaAllocator::new()?))
 }
 
 #[cfg(not(feature = "cuda"))]
-fn make_cuda() -> devalloc::Result<&'static dyn DeviceAllocator> {
+fn make_cuda() -> devalloc::Result<Open> {
     Err(Error::not_found("cuda: this library was built without its `cuda` feature"))
 }
 
 #[cfg(feature = "wgpu")]
-fn make_wgpu(device_type: DeviceType) -> devalloc::Result<&'static dyn DeviceAllocator> {
+fn make_wgpu(device_type: DeviceType) -> devalloc::Result<Open> {
     use devalloc::wgpu::api::Backend;
     let backend = match device_type {
         DeviceType::Vulkan => Backend::Vulkan,
@@ -96,11 +156,11 @@ fn make_wgpu(device_type: DeviceType) -> devalloc::Result<&'static dyn DeviceAll
         DeviceType::Gl => Backend::Gl,
         other => return Err(not_native(other)),
     };
-    Ok(Box::leak(Box::new(devalloc::wgpu::WgpuAllocator::new(backend)?)))
+    Ok(Arc::new(devalloc::wgpu::WgpuAllocator::new(backend)?))
 }
 
 #[cfg(not(feature = "wgpu"))]
-fn make_wgpu(device_type: DeviceType) -> devalloc::Result<&'static dyn DeviceAllocator> {
+fn make_wgpu(device_type: DeviceType) -> devalloc::Result<Open> {
     match device_type {
         DeviceType::WebGpu => Err(not_native(device_type)),
         other => Err(Error::not_found(format!("{other}: this library was built without its `wgpu` feature"))),
@@ -170,10 +230,10 @@ mod tests {
         assert_eq!(c.len(), DeviceType::ALL.len());
         for (c, rust) in c.iter().zip(DeviceType::ALL) {
             assert_eq!(*c as i32, *rust as i32);
-            assert_eq!(device_type(*c as i32).unwrap(), *rust);
+            assert_eq!(device_type((*c).into()).unwrap(), *rust);
         }
-        for junk in [-1, 7, i32::MAX, i32::MIN] {
-            assert!(device_type(junk).is_err(), "{junk}");
+        for junk in [DevallocDeviceType::All as i32, -2, 7, i32::MAX, i32::MIN] {
+            assert!(device_type(RawDeviceType(junk)).is_err(), "{junk}");
         }
     }
 }

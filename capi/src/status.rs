@@ -100,6 +100,22 @@ impl Failure {
     pub fn invalid(message: impl Into<String>) -> Self {
         Failure::new(DevallocStatus::InvalidArgument, message)
     }
+
+    /// Its status.
+    pub fn status(&self) -> DevallocStatus {
+        self.status
+    }
+
+    /// Its message.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The same failure with `more` after its message.
+    pub fn and(mut self, more: &str) -> Self {
+        self.message.push_str(more);
+        self
+    }
 }
 
 impl From<Error> for Failure {
@@ -121,10 +137,10 @@ thread_local! {
     static LAST_ERROR: UnsafeCell<[u8; MESSAGE_CAPACITY]> = const { UnsafeCell::new([0; MESSAGE_CAPACITY]) };
 }
 
-/// Runs `call` and turns its result into a status: Ok, its failure (whose message becomes this
-/// thread's last error), or a caught panic ([`DevallocStatus::Internal`]). Nothing unwinds
-/// past it.
-pub fn guard(call: impl FnOnce() -> Outcome) -> DevallocStatus {
+/// Runs `call`, the body of the C function `name`, and turns its result into a status: Ok, its
+/// failure (whose message, after `name: `, becomes this thread's last error), or a caught panic
+/// ([`DevallocStatus::Internal`]). Nothing unwinds past it.
+pub fn guard(name: &str, call: impl FnOnce() -> Outcome) -> DevallocStatus {
     let failure = match catch_unwind(AssertUnwindSafe(call)) {
         Ok(Ok(())) => return DevallocStatus::Ok,
         Ok(Err(failure)) => failure,
@@ -134,11 +150,11 @@ pub fn guard(call: impl FnOnce() -> Outcome) -> DevallocStatus {
                 .map(|s| s.to_string())
                 .or_else(|| payload.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "a panic without a message".into());
-            log::error!("devalloc: a panic was caught at the C boundary: {what}");
+            log::error!("devalloc: a panic was caught at the C boundary in {name}: {what}");
             Failure::new(DevallocStatus::Internal, format!("internal error (a bug in devalloc): {what}"))
         }
     };
-    set_last_error(&failure.message);
+    set_last_error(&format!("{name}: {}", failure.message));
     failure.status
 }
 
@@ -182,7 +198,7 @@ mod tests {
 
     #[test]
     fn a_panic_becomes_internal_and_a_message() {
-        let status = guard(|| panic!("on purpose"));
+        let status = guard("test", || panic!("on purpose"));
         assert_eq!(status, DevallocStatus::Internal);
         // SAFETY: last_error returns a NUL-terminated string owned by this thread.
         let text = unsafe { std::ffi::CStr::from_ptr(last_error()) }.to_str().unwrap().to_owned();
@@ -191,21 +207,23 @@ mod tests {
 
     #[test]
     fn a_held_message_pointer_stays_valid_and_long_messages_are_cut() {
-        assert_eq!(guard(|| Err(Failure::invalid("first"))), DevallocStatus::InvalidArgument);
+        assert_eq!(guard("test", || Err(Failure::invalid("first"))), DevallocStatus::InvalidArgument);
         let held = last_error();
         let long = "é".repeat(MESSAGE_CAPACITY); // 2 bytes a character: cut on a boundary
-        assert_eq!(guard(|| Err(Failure::invalid(long.clone()))), DevallocStatus::InvalidArgument);
+        assert_eq!(guard("test", || Err(Failure::invalid(long.clone()))), DevallocStatus::InvalidArgument);
         assert_eq!(last_error(), held, "the message moved");
         // SAFETY: the thread's buffer, NUL-terminated.
         let text = unsafe { std::ffi::CStr::from_ptr(held) }.to_str().expect("cut on a char boundary");
-        assert!(text.starts_with("éé") && text.len() < MESSAGE_CAPACITY && text.len() % 2 == 0);
+        assert!(text.len() < MESSAGE_CAPACITY);
+        let cut = text.strip_prefix("test: ").expect("the call is named first");
+        assert!(cut.starts_with("éé") && cut.len() % 2 == 0);
     }
 
     #[test]
     fn messages_with_a_nul_are_cut_not_lost() {
-        assert_eq!(guard(|| Err(Failure::invalid("before\0after"))), DevallocStatus::InvalidArgument);
+        assert_eq!(guard("test", || Err(Failure::invalid("before\0after"))), DevallocStatus::InvalidArgument);
         // SAFETY: as above.
         let text = unsafe { std::ffi::CStr::from_ptr(last_error()) };
-        assert_eq!(text.to_str().unwrap(), "before");
+        assert_eq!(text.to_str().unwrap(), "test: before");
     }
 }

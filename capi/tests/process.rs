@@ -11,6 +11,7 @@ use std::process::{Command, Output};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Barrier;
 
+use devalloc_c::raw::{RawDeviceType, RawLogLevel};
 use devalloc_c::*;
 
 const OK: DevallocStatus = DevallocStatus::Ok;
@@ -51,16 +52,16 @@ fn text(out: &Output) -> String {
 fn the_log_goes_to_stderr_at_a_level() {
     const TEST: &str = "the_log_goes_to_stderr_at_a_level";
     if is_child(TEST) {
-        assert_eq!(devalloc_log_to_stderr(6), DevallocStatus::InvalidArgument);
-        assert_eq!(devalloc_log_to_stderr(-1), DevallocStatus::InvalidArgument);
-        assert_eq!(devalloc_log_to_stderr(DevallocLogLevel::Error as i32), OK);
+        assert_eq!(devalloc_log_to_stderr(RawLogLevel(6)), DevallocStatus::InvalidArgument);
+        assert_eq!(devalloc_log_to_stderr(RawLogLevel(-1)), DevallocStatus::InvalidArgument);
+        assert_eq!(devalloc_log_to_stderr(DevallocLogLevel::Error.into()), OK);
         log::error!(target: "c-program", "mark-1 an error");
         log::warn!(target: "c-program", "mark-2 a warning below the level");
         assert_eq!(devalloc_selftest_panic(), DevallocStatus::Internal);
-        assert_eq!(devalloc_log_to_stderr(DevallocLogLevel::Warn as i32), OK);
+        assert_eq!(devalloc_log_to_stderr(DevallocLogLevel::Warn.into()), OK);
         log::warn!(target: "c-program", "mark-3 a warning at the level");
         log::info!(target: "c-program", "mark-4 news below the level");
-        assert_eq!(devalloc_log_to_stderr(DevallocLogLevel::Off as i32), OK);
+        assert_eq!(devalloc_log_to_stderr(DevallocLogLevel::Off.into()), OK);
         log::error!(target: "c-program", "mark-5 an error with the log off");
         return;
     }
@@ -68,7 +69,7 @@ fn the_log_goes_to_stderr_at_a_level() {
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     for shown in [
         "[ERROR c-program] mark-1 an error",
-        "[ERROR devalloc_c::status] devalloc: a panic was caught at the C boundary: devalloc_selftest_panic",
+        "[ERROR devalloc_c::status] devalloc: a panic was caught at the C boundary in devalloc_selftest_panic",
         "[WARN c-program] mark-3 a warning at the level",
     ] {
         assert!(stderr.contains(shown), "stderr lacks {shown:?}: {}", text(&out));
@@ -100,7 +101,7 @@ fn threads_send_the_log_to_stderr_at_once() {
                         while !go.load(Ordering::Acquire) {
                             std::hint::spin_loop();
                         }
-                        devalloc_log_to_stderr(1 + t as i32 % 5)
+                        devalloc_log_to_stderr(RawLogLevel(1 + t as i32 % 5))
                     })
                 })
                 .collect();
@@ -108,11 +109,11 @@ fn threads_send_the_log_to_stderr_at_once() {
                 std::hint::spin_loop();
             }
             go.store(true, Ordering::Release);
-            let mine = devalloc_log_to_stderr(DevallocLogLevel::Warn as i32);
+            let mine = devalloc_log_to_stderr(DevallocLogLevel::Warn.into());
             hs.into_iter().map(|h| h.join().unwrap()).chain([mine]).collect()
         });
         assert!(statuses.iter().all(|&s| s == OK), "{statuses:?}");
-        assert_eq!(devalloc_log_to_stderr(DevallocLogLevel::Warn as i32), OK);
+        assert_eq!(devalloc_log_to_stderr(DevallocLogLevel::Warn.into()), OK);
         log::warn!(target: "c-program", "mark-after-the-race");
         return;
     }
@@ -155,7 +156,7 @@ fn open_races_open_available() {
                         barrier.wait();
                         if t % 2 == 0 {
                             let ty = TYPES[(t / 2) % TYPES.len()];
-                            (Some((ty, devalloc_open(ty as i32))), None)
+                            (Some((ty, devalloc_open(ty.into()))), None)
                         } else {
                             let mut mask = 0u32;
                             let status = unsafe { devalloc_open_available(&mut mask) };
@@ -176,10 +177,10 @@ fn open_races_open_available() {
         }
         for ty in TYPES.into_iter().filter(|&ty| mask & (1 << ty as u32) != 0) {
             let (mut count, mut p) = (0u32, 0u64);
-            assert_eq!(unsafe { devalloc_device_count(ty as i32, &mut count) }, OK, "{ty:?}");
+            assert_eq!(unsafe { devalloc_device_count(ty.into(), &mut count) }, OK, "{ty:?}");
             assert!(count >= 1, "{ty:?}");
-            assert_eq!(unsafe { devalloc_allocate(ty as i32, 64, 0, 64, &mut p) }, OK, "{ty:?}");
-            assert_eq!(devalloc_deallocate(ty as i32, p, 0), OK, "{ty:?}");
+            assert_eq!(unsafe { devalloc_allocate(ty.into(), 0, 64, 64, &mut p) }, OK, "{ty:?}");
+            assert_eq!(devalloc_deallocate(ty.into(), 0, p), OK, "{ty:?}");
         }
         println!("open_races_open_available: mask {mask:#b}");
         return;
@@ -193,4 +194,119 @@ fn open_races_open_available() {
             text(&out)
         );
     }
+}
+
+/// `devalloc_shutdown` in a fresh process: it frees what is still live (the log names each
+/// leak), closes every allocator (later calls are `NOT_FOUND`, naming `devalloc_open`), and a
+/// type opens again afterwards, fresh (its old addresses are foreign to it). Vulkan too where
+/// lavapipe or a GPU is (under CI it must be), where a CPU address passed to Vulkan is named as
+/// CPU's. Threads allocating and copying while another shuts down and opens again see `OK`,
+/// `NOT_FOUND` or `INVALID_POINTER` (an address of the allocator closed under them), never a
+/// crash or `INTERNAL`.
+#[test]
+#[cfg_attr(miri, ignore = "runs a child process and opens drivers")]
+fn shutdown_frees_closes_and_opens_again() {
+    const TEST: &str = "shutdown_frees_closes_and_opens_again";
+    let cpu = RawDeviceType::from(DevallocDeviceType::Cpu);
+    let vulkan = RawDeviceType::from(DevallocDeviceType::Vulkan);
+    if is_child(TEST) {
+        assert_eq!(devalloc_log_to_stderr(DevallocLogLevel::Warn.into()), OK);
+        assert_eq!(devalloc_shutdown(), OK, "nothing open yet");
+        assert_eq!(devalloc_open(cpu), OK);
+        let (mut kept, mut left, mut stats) = (0u64, 0u64, DevallocStats::default());
+        assert_eq!(unsafe { devalloc_allocate(cpu, 0, 4096, 64, &mut kept) }, OK);
+        assert_eq!(
+            unsafe { devalloc_allocate_labeled(cpu, 0, 1000, 64, c"left behind".as_ptr(), &mut left) },
+            OK
+        );
+        assert_eq!(devalloc_deallocate(cpu, 0, kept), OK);
+        let with_vulkan = devalloc_open(vulkan) == OK;
+        if with_vulkan {
+            let mut v = 0u64;
+            assert_eq!(unsafe { devalloc_allocate(vulkan, 0, 1 << 20, 256, &mut v) }, OK);
+            // A CPU address given to Vulkan: refused, and named as CPU's.
+            assert_eq!(devalloc_deallocate(vulkan, 0, left), DevallocStatus::InvalidPointer);
+            let said = last_error();
+            assert!(said.contains("cpu:0") && said.contains("DEVALLOC_DEVICE_TYPE_CPU"), "{said}");
+            let mut byte = [0u8; 1];
+            let status =
+                unsafe { devalloc_copy_device_to_host(vulkan, 0, byte.as_mut_ptr().cast(), left, 1) };
+            assert_eq!(status, DevallocStatus::InvalidPointer);
+            assert!(last_error().contains("cpu:0"), "{}", last_error());
+        } else {
+            assert!(std::env::var("CI").is_err(), "under CI Vulkan (lavapipe) must open: {}", last_error());
+            println!("SKIPPED the Vulkan part: no Vulkan adapter here ({})", last_error());
+        }
+        assert_eq!(devalloc_shutdown(), OK);
+        for t in [cpu, vulkan] {
+            assert_eq!(unsafe { devalloc_stats(t, 0, &mut stats) }, DevallocStatus::NotFound);
+            assert!(last_error().contains("devalloc_open"), "{}", last_error());
+        }
+        assert_eq!(devalloc_deallocate(cpu, 0, left), DevallocStatus::NotFound);
+        assert_eq!(devalloc_shutdown(), OK, "a second shutdown");
+        // Open again: a fresh allocator, to which the old address is foreign.
+        assert_eq!(devalloc_open(cpu), OK);
+        assert_eq!(unsafe { devalloc_stats(cpu, 0, &mut stats) }, OK);
+        assert_eq!((stats.allocated_bytes, stats.live_allocations, stats.allocations), (0, 0, 0));
+        assert_eq!(devalloc_deallocate(cpu, 0, left), DevallocStatus::InvalidPointer);
+        if with_vulkan {
+            let mut v = 0u64;
+            assert_eq!(devalloc_open(vulkan), OK, "{}", last_error());
+            assert_eq!(unsafe { devalloc_allocate(vulkan, 0, 4096, 256, &mut v) }, OK);
+            assert_eq!(
+                unsafe { devalloc_copy_host_to_device(vulkan, 0, v, b"again".as_ptr().cast(), 5) },
+                OK
+            );
+            let mut back = [0u8; 5];
+            assert_eq!(
+                unsafe { devalloc_copy_device_to_host(vulkan, 0, back.as_mut_ptr().cast(), v, 5) },
+                OK
+            );
+            assert_eq!(&back, b"again");
+        }
+        // Threads at work while the main thread closes and opens CPU, again and again.
+        let stop = AtomicBool::new(false);
+        let seen = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..4)
+                .map(|_| {
+                    s.spawn(|| {
+                        let mut statuses = Vec::new();
+                        while !stop.load(Ordering::Relaxed) {
+                            let mut p = 0u64;
+                            let a = unsafe { devalloc_allocate(cpu, 0, 256, 64, &mut p) };
+                            statuses.push(a);
+                            if a == OK {
+                                let c = unsafe {
+                                    devalloc_copy_host_to_device(cpu, 0, p, b"x".as_ptr().cast(), 1)
+                                };
+                                statuses.extend([c, devalloc_deallocate(cpu, 0, p)]);
+                            }
+                        }
+                        statuses
+                    })
+                })
+                .collect();
+            for _ in 0..50 {
+                assert_eq!(devalloc_shutdown(), OK);
+                assert_eq!(devalloc_open(cpu), OK);
+            }
+            stop.store(true, Ordering::Relaxed);
+            workers.into_iter().flat_map(|w| w.join().unwrap()).collect::<Vec<_>>()
+        });
+        let allowed = [OK, DevallocStatus::NotFound, DevallocStatus::InvalidPointer];
+        assert!(seen.iter().all(|s| allowed.contains(s)), "{:?}", seen.iter().find(|s| !allowed.contains(s)));
+        assert!(seen.contains(&OK), "no worker call got through");
+        assert_eq!(devalloc_shutdown(), OK);
+        println!("shutdown: {} worker calls, vulkan {with_vulkan}", seen.len());
+        return;
+    }
+    let out = child(TEST);
+    let err = String::from_utf8_lossy(&out.stderr);
+    // The leak is reported, by label, when shutdown frees it.
+    assert!(err.contains("leak on cpu:0: 1000 bytes") && err.contains("(left behind)"), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("shutdown: "), "{}", text(&out));
+}
+
+fn last_error() -> String {
+    unsafe { std::ffi::CStr::from_ptr(devalloc_last_error()) }.to_string_lossy().into_owned()
 }

@@ -44,7 +44,7 @@ int bench(DeviceType type, uint64_t iterations) {
   std::vector<double> rust, raw, buffer;
   for (int round = 0; round < kRounds; round++) {
     uint64_t total_ns = 0;
-    if (devalloc_selftest_cycle(static_cast<int32_t>(type), 0, kSize, align, iterations, &total_ns) != DEVALLOC_STATUS_OK) {
+    if (devalloc_selftest_cycle(static_cast<DevallocDeviceType>(type), 0, kSize, align, iterations, &total_ns) != DEVALLOC_STATUS_OK) {
       std::fprintf(stderr, "devalloc_selftest_cycle: %s\n", devalloc_last_error());
       return 1;
     }

@@ -33,7 +33,7 @@ inline const char* name(DeviceType t) { return t == DeviceType::CUDA ? "cuda" : 
 /// devalloc's stats of `type:0`; zeros (and a failed check in the caller) if it has none.
 inline DevallocStats stats(DeviceType t) {
   DevallocStats s{};
-  if (devalloc_stats(static_cast<int32_t>(t), 0, &s) != DEVALLOC_STATUS_OK) {
+  if (devalloc_stats(static_cast<DevallocDeviceType>(t), 0, &s) != DEVALLOC_STATUS_OK) {
     std::fprintf(stderr, "devalloc_stats(%s): %s\n", name(t), devalloc_last_error());
   }
   return s;
@@ -54,7 +54,7 @@ struct Live {
 
 inline std::vector<Live> snapshot_live(DeviceType t, const std::string& path) {
   std::vector<Live> live;
-  if (devalloc_snapshot_to_file(static_cast<int32_t>(t), path.c_str()) != DEVALLOC_STATUS_OK) {
+  if (devalloc_snapshot_to_file(static_cast<DevallocDeviceType>(t), path.c_str()) != DEVALLOC_STATUS_OK) {
     std::fprintf(stderr, "devalloc_snapshot_to_file: %s\n", devalloc_last_error());
     return live;
   }

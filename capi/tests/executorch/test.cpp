@@ -40,7 +40,7 @@ class OnDevice : public ::testing::TestWithParam<DeviceType> {
       if (require_all()) FAIL() << name(GetParam()) << " is not registered and DEVALLOC_REQUIRE_ALL=1";
       GTEST_SKIP() << "SKIPPED on " << name(GetParam()) << ": devalloc has no such device here";
     }
-    ASSERT_EQ(devalloc_empty_cache(static_cast<int32_t>(GetParam()), nullptr), DEVALLOC_STATUS_OK);
+    ASSERT_EQ(devalloc_empty_cache(static_cast<DevallocDeviceType>(GetParam()), nullptr), DEVALLOC_STATUS_OK);
     before_ = stats(GetParam());
     refused_ = adapter(GetParam()).refused_frees();
   }
@@ -102,7 +102,7 @@ TEST(Registration, ErrorsMapToExecuTorchs) {
 /// checked above.
 TEST(Registration, StatusesThatCallsReturnMapToExecuTorchs) {
   using devalloc::executorch::to_error;
-  DevallocStatus io = devalloc_snapshot_to_file(DEVALLOC_ALL_DEVICE_TYPES, "/nonexistent-devalloc-dir/snap.json");
+  DevallocStatus io = devalloc_snapshot_to_file(DEVALLOC_DEVICE_TYPE_ALL, "/nonexistent-devalloc-dir/snap.json");
   ASSERT_EQ(io, DEVALLOC_STATUS_IO) << devalloc_last_error();
   EXPECT_NE(std::strstr(devalloc_last_error(), "nonexistent-devalloc-dir"), nullptr) << devalloc_last_error();
   EXPECT_EQ(to_error(io), Error::AccessFailed);
@@ -120,6 +120,24 @@ TEST(Registration, AStaticBufferFreesAfterMain) {
   ASSERT_TRUE(made.ok());
   g_outlives_main = std::move(made.get());
   EXPECT_EQ(g_outlives_main.size(), 4096u);
+}
+
+/// devalloc_shutdown() under ExecuTorch: its calls then fail with NotFound, a buffer made before
+/// it is refused when freed (counted, never a crash), and register_available() opens devalloc
+/// again without registering anything twice.
+TEST(Registration, ShutdownThenRegisterAvailableAgain) {
+  auto made = DeviceMemoryBuffer::create(4096, DeviceType::CPU);
+  ASSERT_TRUE(made.ok());
+  DeviceMemoryBuffer before = std::move(made.get());
+  uint64_t refused = adapter(DeviceType::CPU).refused_frees();
+  ASSERT_EQ(devalloc_shutdown(), DEVALLOC_STATUS_OK);
+  EXPECT_EQ(DeviceMemoryBuffer::create(64, DeviceType::CPU).error(), Error::NotFound);
+  { DeviceMemoryBuffer gone = std::move(before); }  // its destructor's free: refused
+  EXPECT_EQ(adapter(DeviceType::CPU).refused_frees(), refused + 1);
+  EXPECT_EQ(devalloc::executorch::register_available(), 0);
+  auto again = DeviceMemoryBuffer::create(64, DeviceType::CPU);
+  EXPECT_TRUE(again.ok());
+  EXPECT_EQ(stats(DeviceType::CPU).live_allocations, 1u);
 }
 
 TEST(Registration, NoPanicReachesCpp) {
@@ -168,7 +186,7 @@ TEST_P(OnDevice, ErrorCodesAreExecuTorchs) {
   EXPECT_TRUE(huge == Error::InvalidArgument || huge == Error::MemoryAllocationFailed) << "SIZE_MAX";
   EXPECT_EQ(DeviceMemoryBuffer::create(0, GetParam()).error(), Error::InvalidArgument);
   // Under a memory limit: out of memory is MemoryAllocationFailed, and the limit lifts.
-  int32_t t = static_cast<int32_t>(GetParam());
+  DevallocDeviceType t = static_cast<DevallocDeviceType>(GetParam());
   ASSERT_EQ(devalloc_set_memory_limit(t, 0, stats(GetParam()).reserved_bytes + 4096), DEVALLOC_STATUS_OK);
   EXPECT_EQ(DeviceMemoryBuffer::create(64 << 20, GetParam()).error(), Error::MemoryAllocationFailed);
   ASSERT_EQ(devalloc_set_memory_limit(t, 0, DEVALLOC_NO_LIMIT), DEVALLOC_STATUS_OK);
