@@ -50,6 +50,21 @@ impl HostBlock {
             }),
         }
     }
+
+    /// [`HostBlock::check`], and that the caller's buffer at `host` is not the block's own
+    /// `len` bytes at `offset` (a host address from [`HostAllocator::host_address`] handed back
+    /// to a copy of the same bytes: copying them would alias its own borrow).
+    fn check_apart(&self, offset: u64, len: usize, host: *const u8) -> Result<usize> {
+        let offset = self.check(offset, len)?;
+        let (here, there) = (self.ptr.as_ptr() as usize + offset, host as usize);
+        if len > 0 && here < there.saturating_add(len) && there < here + len {
+            return Err(Error::invalid_argument(
+                "the host buffer is the allocation's own memory (an address from host_address or \
+                 devalloc_host_pointer): copy between device addresses instead",
+            ));
+        }
+        Ok(offset)
+    }
 }
 
 impl Drop for HostBlock {
@@ -106,20 +121,19 @@ impl Storage for HostStorage {
     }
 
     fn write(&self, block: &HostBlock, offset: u64, src: &[u8]) -> Result<()> {
-        let offset = block.check(offset, src.len())?;
+        let offset = block.check_apart(offset, src.len(), src.as_ptr())?;
         let _guard = block.lock.write().unpoisoned();
-        // SAFETY: `check` keeps `offset..offset + src.len()` inside the block's allocation; the
-        // write lock excludes every other access to the block; `src` is a distinct borrow, so
-        // the ranges do not overlap.
+        // SAFETY: `check_apart` keeps `offset..offset + src.len()` inside the block's allocation
+        // and apart from `src`; the write lock excludes every other access to the block.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), block.ptr.as_ptr().add(offset), src.len()) }
         Ok(())
     }
 
     fn read(&self, block: &HostBlock, offset: u64, dst: &mut [u8]) -> Result<()> {
-        let offset = block.check(offset, dst.len())?;
+        let offset = block.check_apart(offset, dst.len(), dst.as_ptr())?;
         let _guard = block.lock.read().unpoisoned();
-        // SAFETY: in bounds by `check`; the read lock excludes writers; `dst` is an exclusive
-        // borrow distinct from the block's memory.
+        // SAFETY: in bounds and apart from `dst` by `check_apart`; the read lock excludes
+        // writers.
         unsafe { std::ptr::copy_nonoverlapping(block.ptr.as_ptr().add(offset), dst.as_mut_ptr(), dst.len()) }
         Ok(())
     }
@@ -195,7 +209,8 @@ impl HostAllocator {
     /// `ptr` is to the allocation's alignment up to 64 bytes. What is done through it is not
     /// ordered with devalloc's own copies into the same bytes, which take the block's lock (a
     /// race there is the caller's, as with any shared memory); it is not tracked, so a use after
-    /// the free is not caught.
+    /// the free is not caught. A copy whose host slice is the very bytes it copies (this address
+    /// handed back) is [`Error::InvalidArgument`].
     pub fn host_address(&self, ptr: DevicePtr, nbytes: usize, index: DeviceIndex) -> Result<NonNull<u8>> {
         let pool = self.0.pool(index)?;
         let len = u64::try_from(nbytes).map_err(|_| Error::invalid_argument("length exceeds u64"))?;

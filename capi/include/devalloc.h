@@ -33,13 +33,15 @@
  *
  * Device addresses (uint64_t) are virtual even on CPU: devalloc's own numbers for CPU, Vulkan,
  * GL, Metal and DX12, the driver's for CUDA. Never dereference one; reach the bytes through the
- * copies (on CPU, devalloc_host_pointer gives a host address). Null, foreign, freed, interior
+ * copies (on CPU, devalloc_host_pointer gives a host address; a copy whose host buffer is the
+ * very bytes it copies is INVALID_ARGUMENT). Null, foreign, freed, interior
  * (for a free) and other devices' addresses are errors that change nothing.
  *
  * Lifetime. An allocator opened by devalloc_open or devalloc_open_available lives until
  * devalloc_shutdown(), which frees every allocation still live (logging each as a leak), closes
  * every allocator and device, and after which every call on a device type is NOT_FOUND until
- * it is opened again. Without it, they live until the process ends. A process that forks while
+ * it is opened again. Addresses from before it are then invalid as freed ones are: usually
+ * refused as foreign, but an allocator opened again may hand the same numbers out. Without it, they live until the process ends. A process that forks while
  * another thread is inside devalloc must not use devalloc in the child.
  */
 
@@ -112,7 +114,8 @@ typedef enum {
   DEVALLOC_STATUS_IO = 11,
   /*
    A bug in devalloc: a panic, caught at the boundary (nothing reached C). The call had no
-   effect that can be relied on; the message says where it happened.
+   effect that can be relied on; the message names the call and the panic, and Rust's panic
+   hook prints it with its source location on stderr, whatever the log level.
    */
   DEVALLOC_STATUS_INTERNAL = 12,
 } DevallocStatus;
@@ -262,9 +265,10 @@ DevallocStatus devalloc_open_available(uint32_t *out_mask);
 /*
  Closes devalloc: frees every allocation still live (each is logged as a leak, at WARN, as
  devalloc does when a Rust program drops an allocator that still holds memory), then releases
- every open allocator and its devices. Every address from before is invalid afterwards;
- later calls on a device type are `NOT_FOUND` until `devalloc_open` opens it again (which
- works). A call running on another thread meanwhile finishes on the allocator it began
+ every open allocator and its devices. Every address from before is invalid afterwards, as
+ after a free: an allocator opened again most likely refuses one as foreign, but may hand the
+ same address out again, and then a stale one reaches the new allocation. Later calls on a
+ device type are `NOT_FOUND` until `devalloc_open` opens it again (which works). A call running on another thread meanwhile finishes on the allocator it began
  with, which is released when it returns. Calling it with nothing open is `OK`.
  */
 DevallocStatus devalloc_shutdown(void);
@@ -360,7 +364,9 @@ DevallocStatus devalloc_copy_device_to_device(DevallocDeviceType dst_type,
  through the copies). `ptr` may be any address inside a live allocation, and the range must
  stay inside it, as for a copy. The address stays valid until that allocation is freed (or
  `devalloc_shutdown`); it is not tracked, so a use after the free is not caught, and what is
- done through it is not ordered with devalloc's own copies into the same bytes.
+ done through it is not ordered with devalloc's own copies into the same bytes. Passed back
+ as the host side of a copy of those same bytes it is `INVALID_ARGUMENT` (copy between
+ device addresses instead).
 
  # Safety
  `out` is valid for a write.

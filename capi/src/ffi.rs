@@ -117,9 +117,10 @@ pub unsafe extern "C" fn devalloc_open_available(out_mask: *mut u32) -> Devalloc
 
 /// Closes devalloc: frees every allocation still live (each is logged as a leak, at WARN, as
 /// devalloc does when a Rust program drops an allocator that still holds memory), then releases
-/// every open allocator and its devices. Every address from before is invalid afterwards;
-/// later calls on a device type are `NOT_FOUND` until `devalloc_open` opens it again (which
-/// works). A call running on another thread meanwhile finishes on the allocator it began
+/// every open allocator and its devices. Every address from before is invalid afterwards, as
+/// after a free: an allocator opened again most likely refuses one as foreign, but may hand the
+/// same address out again, and then a stale one reaches the new allocation. Later calls on a
+/// device type are `NOT_FOUND` until `devalloc_open` opens it again (which works). A call running on another thread meanwhile finishes on the allocator it began
 /// with, which is released when it returns. Calling it with nothing open is `OK`.
 #[no_mangle]
 pub extern "C" fn devalloc_shutdown() -> DevallocStatus {
@@ -303,7 +304,9 @@ pub extern "C" fn devalloc_copy_device_to_device(
 /// through the copies). `ptr` may be any address inside a live allocation, and the range must
 /// stay inside it, as for a copy. The address stays valid until that allocation is freed (or
 /// `devalloc_shutdown`); it is not tracked, so a use after the free is not caught, and what is
-/// done through it is not ordered with devalloc's own copies into the same bytes.
+/// done through it is not ordered with devalloc's own copies into the same bytes. Passed back
+/// as the host side of a copy of those same bytes it is `INVALID_ARGUMENT` (copy between
+/// device addresses instead).
 ///
 /// # Safety
 /// `out` is valid for a write.

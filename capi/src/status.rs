@@ -40,7 +40,8 @@ pub enum DevallocStatus {
     /// A file could not be written (snapshots).
     Io = 11,
     /// A bug in devalloc: a panic, caught at the boundary (nothing reached C). The call had no
-    /// effect that can be relied on; the message says where it happened.
+    /// effect that can be relied on; the message names the call and the panic, and Rust's panic
+    /// hook prints it with its source location on stderr, whatever the log level.
     Internal = 12,
 }
 

@@ -300,6 +300,17 @@ fn a_host_pointer_reaches_the_bytes_and_is_checked() {
     assert_eq!(unsafe { devalloc_copy_host_to_device(CPU, 0, p + 20, b"ABCD".as_ptr().cast(), 4) }, OK);
     let seen = unsafe { std::slice::from_raw_parts(host.cast::<u8>().add(4), 4) };
     assert_eq!(seen, b"ABCD");
+    // Its own bytes as the host side of a copy of them: refused, nothing moves; apart, they go.
+    let before = stats();
+    let status = unsafe { devalloc_copy_host_to_device(CPU, 0, p + 16, host, 24) };
+    refused(status, DevallocStatus::InvalidArgument, before, "a host buffer that is the destination");
+    assert!(last_error().contains("own memory"), "{}", last_error());
+    let status = unsafe { devalloc_copy_device_to_host(CPU, 0, host.cast::<u8>().add(1).cast(), p + 16, 8) };
+    refused(status, DevallocStatus::InvalidArgument, before, "a host buffer overlapping the source");
+    assert_eq!(unsafe { devalloc_copy_host_to_device(CPU, 0, p + 100, host, 24) }, OK, "{}", last_error());
+    let mut apart = [0u8; 24];
+    assert_eq!(unsafe { devalloc_copy_device_to_host(CPU, 0, apart.as_mut_ptr().cast(), p + 100, 24) }, OK);
+    assert_eq!(&apart[..4], b"thro");
     // The whole allocation from its start is one range; past its end is not.
     let mut whole: *mut std::ffi::c_void = std::ptr::null_mut();
     assert_eq!(unsafe { devalloc_host_pointer(CPU, 0, p, 256, &mut whole) }, OK);
