@@ -205,8 +205,9 @@ impl HostAllocator {
     /// The host address of the `nbytes` at `ptr`, which must lie inside one live allocation of
     /// device `index` (checked as a copy checks its range: a null, foreign, freed or
     /// out-of-range pointer is an error), for code that hands host buffers to kernels. It stays
-    /// valid until that allocation is freed (or this allocator dropped), and is aligned as
-    /// `ptr` is to the allocation's alignment up to 64 bytes. What is done through it is not
+    /// valid until that allocation is freed (or this allocator dropped). An allocation's first
+    /// byte is at a 64-byte aligned host address (a larger alignment asked for holds for the
+    /// device address alone). What is done through it is not
     /// ordered with devalloc's own copies into the same bytes, which take the block's lock (a
     /// race there is the caller's, as with any shared memory); it is not tracked, so a use after
     /// the free is not caught. A copy whose host slice is the very bytes it copies (this address

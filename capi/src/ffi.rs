@@ -302,7 +302,9 @@ pub extern "C" fn devalloc_copy_device_to_device(
 /// Writes to `*out` the host address of the `nbytes` at `ptr` on `device_type:index`, for an
 /// allocator whose memory is host memory (CPU; any other is `NOT_SUPPORTED`: reach its bytes
 /// through the copies). `ptr` may be any address inside a live allocation, and the range must
-/// stay inside it, as for a copy. The address stays valid until that allocation is freed (or
+/// stay inside it, as for a copy. An allocation's first byte is at a 64-byte aligned host
+/// address (a larger alignment asked for holds for the device address alone). The address
+/// stays valid until that allocation is freed (or
 /// `devalloc_shutdown`); it is not tracked, so a use after the free is not caught, and what is
 /// done through it is not ordered with devalloc's own copies into the same bytes. Passed back
 /// as the host side of a copy of those same bytes it is `INVALID_ARGUMENT` (copy between

@@ -315,6 +315,7 @@ fn a_host_pointer_reaches_the_bytes_and_is_checked() {
     let mut whole: *mut std::ffi::c_void = std::ptr::null_mut();
     assert_eq!(unsafe { devalloc_host_pointer(CPU, 0, p, 256, &mut whole) }, OK);
     assert_eq!(unsafe { whole.cast::<u8>().add(16) }, host.cast::<u8>());
+    assert_eq!(whole as usize % 64, 0, "an allocation's start is 64-byte aligned in host memory");
     let before = stats();
     let mut out: *mut std::ffi::c_void = std::ptr::dangling_mut();
     let kept = out;
