@@ -8,7 +8,7 @@
 
 use std::ffi::{c_char, c_void, CStr};
 
-use devalloc::{Device, DevicePtr, DeviceType, HostAllocator};
+use devalloc::{Device, DevicePtr, HostAllocator};
 
 use crate::open::{self, allocator, device_type, Open};
 use crate::raw::RawDeviceType;
@@ -335,10 +335,11 @@ pub unsafe extern "C" fn devalloc_host_pointer(
     })
 }
 
-/// Every device type, or the one `raw` names.
-pub(crate) fn types(raw: RawDeviceType) -> Outcome<Vec<DeviceType>> {
+/// The allocator `raw` names, or with `DEVALLOC_DEVICE_TYPE_ALL` every open one (those open
+/// now: a shutdown meanwhile cannot fail the call halfway).
+pub(crate) fn targets(raw: RawDeviceType) -> Outcome<Vec<Open>> {
     if raw.0 == open::DevallocDeviceType::All as i32 {
-        return Ok(open::all_open().into_iter().map(|(t, _)| t).collect());
+        return Ok(open::all_open().into_iter().map(|(_, a)| a).collect());
     }
-    Ok(vec![device_type(raw)?])
+    Ok(vec![allocator(device_type(raw)?)?])
 }

@@ -5,7 +5,7 @@
 use std::ffi::c_char;
 use std::time::Instant;
 
-use crate::ffi::{put, put_if, text, types};
+use crate::ffi::{put, put_if, targets, text};
 use crate::open::{self, allocator};
 use crate::raw::{RawDeviceType, RawLogLevel, RawStatus};
 use crate::status::{self, guard, DevallocStatus, Failure};
@@ -58,8 +58,8 @@ pub unsafe extern "C" fn devalloc_empty_cache(
 ) -> DevallocStatus {
     guard("devalloc_empty_cache", || {
         let mut freed = 0;
-        for t in types(device_type)? {
-            freed += allocator(t)?.empty_cache();
+        for a in targets(device_type)? {
+            freed += a.empty_cache();
         }
         // SAFETY: the caller's promise.
         unsafe { put_if(out_bytes, freed) };
@@ -72,8 +72,8 @@ pub unsafe extern "C" fn devalloc_empty_cache(
 #[no_mangle]
 pub extern "C" fn devalloc_record_history(device_type: RawDeviceType, events: usize) -> DevallocStatus {
     guard("devalloc_record_history", || {
-        for t in types(device_type)? {
-            allocator(t)?.record_history(events)?;
+        for a in targets(device_type)? {
+            a.record_history(events)?;
         }
         Ok(())
     })
@@ -94,8 +94,8 @@ pub unsafe extern "C" fn devalloc_snapshot_to_file(
         // SAFETY: the caller's promise.
         let path = unsafe { text(path, "path") }?;
         let mut devices = Vec::new();
-        for t in types(device_type)? {
-            devices.extend(allocator(t)?.snapshot()?.devices);
+        for a in targets(device_type)? {
+            devices.extend(a.snapshot()?.devices);
         }
         let snapshot = devalloc::snapshot::Snapshot::new(devices);
         snapshot.write(path).map_err(|e| Failure::new(DevallocStatus::Io, format!("writing {path}: {e}")))
