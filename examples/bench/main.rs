@@ -3,7 +3,8 @@
 //!
 //! wgpu (every backend this machine has), per size (4 KiB .. 256 MiB where it fits):
 //! - upload, until the data are on the device: `queue.write_buffer` + submit + wait, a
-//!   `wgpu::util::StagingBelt` kept across calls, devalloc's staged route;
+//!   `wgpu::util::StagingBelt` kept across calls (the transfer in one piece, and in 4 MiB
+//!   pieces), devalloc's staged route;
 //! - download, into host memory: a fresh `MAP_READ` buffer, one reused `MAP_READ` buffer,
 //!   `wgpu::util::DownloadBuffer`, devalloc's staged route;
 //! - on adapters with unified memory and `MAPPABLE_PRIMARY_BUFFERS`: a hand-written map of a

@@ -85,12 +85,14 @@ fn staged_uploads(a: &WgpuAllocator, max: u64, quick: bool) {
         // Each call sends the other of two data sets, and every call is read back (untimed):
         // an upload that did nothing leaves the other data, and fails.
         let data = [pattern(size, 1), pattern(size, 2)];
-        let turns: [Alternate; 4] = Default::default();
+        let turns: [Alternate; 5] = Default::default();
         let pb = peers::storage(device, size);
         let bb = peers::storage(device, size);
+        let cb = peers::storage(device, size);
         let ours = a.allocate(size, 0, DEFAULT_ALIGNMENT).unwrap();
         let sink = RefCell::new(vec![0u8; size]);
         let mut belt = peers::Belt::new(device, size);
+        let mut pieces = peers::Belt::pieces(device, size, 4 * MIB);
         let readback = peers::Readback::new(device, size);
         let sent = |k: usize| &data[turns[k].last()];
         let mut methods = vec![
@@ -101,6 +103,8 @@ fn staged_uploads(a: &WgpuAllocator, max: u64, quick: bool) {
                 .verify(|| readback.holds(device, queue, &pb, 0, sent(1))),
             Method::new("StagingBelt", || belt.upload(device, queue, &bb, &data[turns[2].next()]))
                 .verify(|| readback.holds(device, queue, &bb, 0, sent(2))),
+            Method::new("StagingBelt/4M", || pieces.upload(device, queue, &cb, &data[turns[4].next()]))
+                .verify(|| readback.holds(device, queue, &cb, 0, sent(4))),
             Method::new("devalloc", || {
                 a.copy_host_to_device(ours, &data[turns[3].next()], 0).unwrap();
                 a.synchronize(0).unwrap();

@@ -5,7 +5,7 @@
 //! A GPU buffer is never mapped while the GPU may use it, so copies go through *staging*
 //! buffers, which the belt keeps and reuses:
 //!
-//! - **Small uploads** (up to 1 MiB natively but none on GL, up to 4 MiB on WebGL2; every upload on
+//! - **Small uploads** (up to 64 KiB natively but none on GL, up to 4 MiB on WebGL2; every upload on
 //!   browser WebGPU, where `writeBuffer` copies straight out of wasm memory) go through the
 //!   queue's own staging (`write_buffer_with`, or `write_buffer` on WebGPU), which is wgpu's;
 //!   they travel with the next submit, and after 8 MiB of them the queue is flushed so that

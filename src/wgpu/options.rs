@@ -178,15 +178,17 @@ impl Tuning {
         };
         let want = options.staging_chunk.unwrap_or(auto).max(64 << 10);
         let chunk = want.min(max_buffer).max(4) & !3;
-        // Small uploads. Native Vulkan & co.: the queue's staging up to 1 MiB (1.00-1.05x
-        // `write_buffer` against 0.86-0.94x through the belt, lavapipe). Native GL: never
+        // Small uploads. Native Vulkan & co.: the queue's staging up to 64 KiB (lavapipe,
+        // 2026-12-07: `write_buffer` 0.58 GB/s against a `StagingBelt`'s 0.53 at 64 KiB, but
+        // 1.0 against 3.6 at 1 MiB, where the queue's staging makes a buffer per call; on
+        // 2026-12-03 the queue had won up to 1 MiB, 1.00-1.05x against 0.86-0.94x). Native GL: never
         // (`write_buffer_with` makes a GL buffer per call; the belt measured 0.93-0.99x
         // `StagingBelt` at 4 KiB-1 MiB against 0.86-0.96x). Browser WebGPU: always
         // (`writeBuffer` copies straight out of wasm memory: the fastest upload at every size).
         // WebGL2: up to 4 MiB (the queue's staging wins up to 1 MiB, the belt from 16 MiB: the
         // page's bench).
         let small_upload = match (browser, gl) {
-            (false, false) => 1 << 20,
+            (false, false) => 64 << 10,
             (false, true) => 0,
             (true, false) => u64::MAX,
             (true, true) => 4 << 20,
