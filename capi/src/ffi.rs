@@ -280,22 +280,21 @@ pub extern "C" fn devalloc_copy_device_to_device(
     guard("devalloc_copy_device_to_device", || {
         let (d, to) = device(dst_type, dst_index)?;
         let (s, from) = device(src_type, src_index)?;
-        if nbytes > 0 {
-            let check = |alloc: &Open, ptr: u64, device: Device, end: &str| {
-                alloc.check_range(DevicePtr::new(ptr), nbytes, device.index).map_err(|e| {
-                    let f = Failure::from(e);
-                    let f = Failure::new(
-                        f.status(),
-                        format!("the {end} ({ptr:#x} on {device}): {}", f.message()),
-                    );
-                    whose(f, ptr, device)
-                })
+        let ends = ((&*d, dst_index, DevicePtr::new(dst)), (&*s, src_index, DevicePtr::new(src)));
+        // Both ends are checked before a byte moves; only a refused copy pays for finding out
+        // which end was at fault, to name it.
+        devalloc::copy_between(ends.0, ends.1, nbytes).map_err(|e| {
+            let at_fault = |alloc: &Open, ptr: u64, device: Device, end: &str| {
+                let e = alloc.check_range(DevicePtr::new(ptr), nbytes, device.index).err()?;
+                let f = Failure::from(e);
+                let f =
+                    Failure::new(f.status(), format!("the {end} ({ptr:#x} on {device}): {}", f.message()));
+                Some(whose(f, ptr, device))
             };
-            check(&s, src, from, "source")?;
-            check(&d, dst, to, "destination")?;
-        }
-        let (dst, src) = ((&*d, dst_index, DevicePtr::new(dst)), (&*s, src_index, DevicePtr::new(src)));
-        Ok(devalloc::copy_between(dst, src, nbytes)?)
+            at_fault(&s, src, from, "source")
+                .or_else(|| at_fault(&d, dst, to, "destination"))
+                .unwrap_or_else(|| e.into())
+        })
     })
 }
 
