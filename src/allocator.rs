@@ -1,4 +1,5 @@
-//! The [`DeviceAllocator`] contract every allocator keeps, and its [`AllocatorStats`].
+//! The [`DeviceAllocator`] contract every allocator keeps (its [`AllocatorStats`] are in
+//! `stats.rs`, below the snapshot format that records them).
 
 use std::any::Any;
 use std::future::Future;
@@ -7,7 +8,7 @@ use std::pin::Pin;
 use crate::device::{Device, DeviceIndex, DeviceType};
 use crate::error::{Error, Result};
 use crate::ptr::DevicePtr;
-use crate::WasmNotSendSync;
+use crate::stats::AllocatorStats;
 
 /// Alignment of an allocation when the caller has no stronger need: 256 bytes, the base
 /// alignment of CUDA allocations and wgpu's minimum storage-buffer offset alignment.
@@ -22,43 +23,18 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 #[cfg(web)]
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
 
-/// What an allocator holds on one device, in bytes and counts.
-///
-/// `allocated` counts the bytes callers asked for and still hold; `reserved` counts what the
-/// allocator holds from the device for them, rounding and cached free blocks included. Staging
-/// memory (the host-visible buffers a copy passes through) is counted apart, in
-/// `staging_bytes`. Stats move only when a call succeeds (and when an allocation that ran
-/// out of memory gave the cache back first), except `staging_bytes`, a gauge of what is held
-/// right now: a failed copy can release staging, never take more. Marked `non_exhaustive`: start from
-/// `AllocatorStats::default()` when writing an allocator of your own.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(default)]
-#[non_exhaustive]
-pub struct AllocatorStats {
-    /// Bytes of live allocations, as requested.
-    pub allocated_bytes: u64,
-    /// Highest `allocated_bytes` seen.
-    pub peak_allocated_bytes: u64,
-    /// Bytes held from the device: live allocations after rounding, plus the cache.
-    pub reserved_bytes: u64,
-    /// Highest `reserved_bytes` seen.
-    pub peak_reserved_bytes: u64,
-    /// Bytes in freed blocks kept for reuse (part of `reserved_bytes`).
-    pub cached_bytes: u64,
-    /// Number of live allocations.
-    pub live_allocations: u64,
-    /// Successful allocations so far.
-    pub allocations: u64,
-    /// Successful deallocations so far.
-    pub deallocations: u64,
-    /// Allocations served from the cache.
-    pub cache_hits: u64,
-    /// Allocations that had to ask the device.
-    pub cache_misses: u64,
-    /// Bytes of staging buffers the allocator holds for copies right now (not part of
-    /// `reserved_bytes`). wgpu's own staging inside `queue.write_buffer` is wgpu's, not counted.
-    pub staging_bytes: u64,
-}
+/// `Send + Sync` on native; nothing on wasm, where wgpu's web types are neither (as wgpu's own
+/// `WasmNotSendSync`). Every allocator and storage implements it.
+#[cfg(native)]
+pub trait WasmNotSendSync: Send + Sync {}
+#[cfg(native)]
+impl<T: Send + Sync + ?Sized> WasmNotSendSync for T {}
+/// `Send + Sync` on native; nothing on wasm, where wgpu's web types are neither (as wgpu's own
+/// `WasmNotSendSync`). Every allocator and storage implements it.
+#[cfg(web)]
+pub trait WasmNotSendSync {}
+#[cfg(web)]
+impl<T: ?Sized> WasmNotSendSync for T {}
 
 /// The contract of a device memory allocator, after ExecuTorch's `DeviceAllocator`.
 ///

@@ -95,7 +95,7 @@ impl<'a> DeviceMemoryBuffer<'a> {
         })
     }
 
-    /// Allocates room for `values` on `allocator` (at [`crate::DEFAULT_ALIGNMENT`]) and copies
+    /// Allocates room for `values` on `allocator` (at [`DEFAULT_ALIGNMENT`]) and copies
     /// them in: the allocate-and-fill of a weight or an input. On a failed copy the memory is
     /// freed again and the copy's error returned; an empty slice is an
     /// [`Error::InvalidArgument`], as a zero-size allocation is.
@@ -105,7 +105,7 @@ impl<'a> DeviceMemoryBuffer<'a> {
         index: DeviceIndex,
     ) -> Result<Self> {
         let bytes: &[u8] = bytemuck::cast_slice(values);
-        let mut buf = Self::create_on(allocator, bytes.len(), index, crate::DEFAULT_ALIGNMENT)?;
+        let mut buf = Self::create_on(allocator, bytes.len(), index, DEFAULT_ALIGNMENT)?;
         buf.write_at(0, bytes)?;
         Ok(buf)
     }
@@ -117,7 +117,7 @@ impl<'a> DeviceMemoryBuffer<'a> {
         index: DeviceIndex,
     ) -> Result<Self> {
         let bytes: &[u8] = bytemuck::cast_slice(values);
-        let mut buf = Self::create_on_async(allocator, bytes.len(), index, crate::DEFAULT_ALIGNMENT).await?;
+        let mut buf = Self::create_on_async(allocator, bytes.len(), index, DEFAULT_ALIGNMENT).await?;
         buf.write_at_async(0, bytes).await?;
         Ok(buf)
     }

@@ -1,9 +1,8 @@
-//! Device kinds and device identities: [`DeviceType`], [`DeviceIndex`], [`Device`].
+//! Device kinds and device identities: [`DeviceType`], [`DeviceIndex`], [`Device`]. At the
+//! bottom of the crate's layers with `ptr.rs`: it imports nothing from the crate (parsing, which
+//! can fail with an [`crate::Error`], is in `error.rs`).
 
 use std::fmt;
-use std::str::FromStr;
-
-use crate::error::{Error, Result};
 
 /// Index of one device among the devices of a [`DeviceType`] (a CUDA ordinal, a wgpu adapter).
 pub type DeviceIndex = u32;
@@ -73,18 +72,6 @@ impl fmt::Display for DeviceType {
     }
 }
 
-impl FromStr for DeviceType {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Self> {
-        DeviceType::ALL.iter().copied().find(|t| t.name().eq_ignore_ascii_case(s)).ok_or_else(|| {
-            Error::invalid_argument(format!(
-                "unknown device type {s:?}: expected one of cpu, cuda, vulkan, metal, dx12, gl, webgpu"
-            ))
-        })
-    }
-}
-
 /// A device: its type and its index among devices of that type. Written `cuda:0`, `vulkan:1`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Device {
@@ -107,29 +94,10 @@ impl fmt::Display for Device {
     }
 }
 
-impl FromStr for Device {
-    type Err = Error;
-
-    /// Parses `type:index` (`cuda:0`); a bare type (`cpu`) means index 0.
-    fn from_str(s: &str) -> Result<Self> {
-        let (ty, index) = match s.split_once(':') {
-            Some((ty, idx)) => {
-                let index = idx.parse::<DeviceIndex>().map_err(|_| {
-                    Error::invalid_argument(format!(
-                        "invalid device {s:?}: index {idx:?} is not a non-negative integer"
-                    ))
-                })?;
-                (ty, index)
-            }
-            None => (s, 0),
-        };
-        Ok(Device::new(ty.parse()?, index))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Error;
 
     #[test]
     fn names_round_trip() {

@@ -1,8 +1,9 @@
 //! The one error type: every failure in devalloc is a value of [`Error`], never a panic.
 
 use std::fmt;
+use std::str::FromStr;
 
-use crate::device::{Device, DeviceType};
+use crate::device::{Device, DeviceIndex, DeviceType};
 use crate::ptr::DevicePtr;
 
 /// `Result` with devalloc's [`Error`] as the default error.
@@ -179,6 +180,55 @@ impl Error {
     /// An [`Error::Backend`] without a source.
     pub fn backend(device: Device, message: impl Into<String>) -> Self {
         Error::Backend { device, message: message.into(), source: None }
+    }
+}
+
+// The words' conversions that can fail: here, so that `device.rs` and `ptr.rs` import nothing
+// from the crate and this file imports only them.
+
+impl FromStr for DeviceType {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        DeviceType::ALL.iter().copied().find(|t| t.name().eq_ignore_ascii_case(s)).ok_or_else(|| {
+            Error::invalid_argument(format!(
+                "unknown device type {s:?}: expected one of cpu, cuda, vulkan, metal, dx12, gl, webgpu"
+            ))
+        })
+    }
+}
+
+impl FromStr for Device {
+    type Err = Error;
+
+    /// Parses `type:index` (`cuda:0`); a bare type (`cpu`) means index 0.
+    fn from_str(s: &str) -> Result<Self> {
+        let (ty, index) = match s.split_once(':') {
+            Some((ty, idx)) => {
+                let index = idx.parse::<DeviceIndex>().map_err(|_| {
+                    Error::invalid_argument(format!(
+                        "invalid device {s:?}: index {idx:?} is not a non-negative integer"
+                    ))
+                })?;
+                (ty, index)
+            }
+            None => (s, 0),
+        };
+        Ok(Device::new(ty.parse()?, index))
+    }
+}
+
+impl DevicePtr {
+    /// `self + bytes`, or [`Error::InvalidArgument`] when the sum overflows 64 bits.
+    pub fn offset(self, bytes: usize) -> Result<DevicePtr> {
+        self.offset_u64(bytes as u64)
+    }
+
+    /// `self + bytes` for a 64-bit byte count, checked like [`DevicePtr::offset`].
+    pub fn offset_u64(self, bytes: u64) -> Result<DevicePtr> {
+        self.addr().checked_add(bytes).map(DevicePtr::new).ok_or_else(|| {
+            Error::invalid_argument(format!("{self:?} + {bytes} overflows the 64-bit address space"))
+        })
     }
 }
 

@@ -74,6 +74,12 @@
 //! namespace of their own (as `gpu_allocator::vulkan`), and what a backend author needs lives
 //! in [`backend`].
 //!
+//! Inside, the crate is built in layers, each importing only from those below it: the words
+//! (clock, locks, devices, addresses, errors), the formats and the planner, the contract,
+//! storage, the pool's policy, the owning types and the registry, the backends, discovery, and
+//! this root. `ARCHITECTURE.md` lists the files of each, and `scripts/check-layers` holds the
+//! source to it.
+//!
 //! - **The contract**: [`DeviceAllocator`], [`AllocatorStats`], [`DEFAULT_ALIGNMENT`],
 //!   [`BoxFuture`], [`WasmNotSendSync`]; devices and addresses: [`DeviceType`], [`Device`],
 //!   [`DeviceIndex`], [`DevicePtr`]; errors: [`Error`], [`PointerProblem`], [`Result`],
@@ -136,40 +142,31 @@ mod planned;
 mod pool;
 mod pooled_allocator;
 mod ptr;
+mod registration;
 mod registry;
 pub mod replay;
 pub mod snapshot;
+mod stats;
 mod storage;
 mod sync;
 #[cfg(feature = "wgpu")]
 pub mod wgpu;
 
-pub use allocator::{AllocatorStats, BoxFuture, DeviceAllocator, DEFAULT_ALIGNMENT};
+pub use allocator::{BoxFuture, DeviceAllocator, WasmNotSendSync, DEFAULT_ALIGNMENT};
 pub use buffer::DeviceMemoryBuffer;
 pub use device::{Device, DeviceIndex, DeviceType};
-pub use discover::{register_available, Registration, RegistrationOutcome};
+pub use discover::register_available;
 pub use error::{BackendSource, Error, PointerProblem, Result};
 pub use host::HostAllocator;
 pub use planned::{PlanLayout, PlannedMemory, PlannedTensor};
 pub use pool::PoolOptions;
 pub use ptr::DevicePtr;
+pub use registration::{Registration, RegistrationOutcome};
 pub use registry::{
     copy_across_devices, copy_between, get_device_allocator, register_device_allocator, CopyEnd,
     DeviceAllocatorRegistry,
 };
-
-/// `Send + Sync` on native; nothing on wasm, where wgpu's web types are neither (as wgpu's own
-/// `WasmNotSendSync`). Every allocator and storage implements it.
-#[cfg(native)]
-pub trait WasmNotSendSync: Send + Sync {}
-#[cfg(native)]
-impl<T: Send + Sync + ?Sized> WasmNotSendSync for T {}
-/// `Send + Sync` on native; nothing on wasm, where wgpu's web types are neither (as wgpu's own
-/// `WasmNotSendSync`). Every allocator and storage implements it.
-#[cfg(web)]
-pub trait WasmNotSendSync {}
-#[cfg(web)]
-impl<T: ?Sized> WasmNotSendSync for T {}
+pub use stats::AllocatorStats;
 
 #[cfg(all(test, native))]
 mod assertions {

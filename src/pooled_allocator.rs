@@ -7,13 +7,14 @@
 
 use std::any::Any;
 
-use crate::allocator::{AllocatorStats, BoxFuture, DeviceAllocator};
+use crate::allocator::{BoxFuture, DeviceAllocator, WasmNotSendSync};
 use crate::bounce::{bounce, run_blocking, End, Mode};
 use crate::checks::{check_index, len64};
 use crate::device::{Device, DeviceIndex, DeviceType};
 use crate::error::{Error, PointerProblem, Result};
 use crate::pool::Pool;
 use crate::ptr::DevicePtr;
+use crate::stats::AllocatorStats;
 use crate::storage::Storage;
 
 /// One [`Pool`] per device of one [`DeviceType`], as a [`DeviceAllocator`].
@@ -136,7 +137,7 @@ impl<S: Storage + 'static> PooledAllocator<S> {
 
 /// A type whose memory is one [`PooledAllocator`]: every built-in allocator, and a backend of
 /// your own. It is a [`DeviceAllocator`] through the pooled allocator it hands out.
-pub trait Pooled: crate::WasmNotSendSync + 'static {
+pub trait Pooled: WasmNotSendSync + 'static {
     /// The storage under the pools.
     type Storage: Storage + 'static;
 
@@ -156,9 +157,9 @@ impl<S: Storage + 'static> Pooled for PooledAllocator<S> {
 /// [`PooledAllocator`] in field 0), so that they are on its own page of the docs.
 macro_rules! pool_controls {
     ($name:ident, $storage:ty) => {
-        impl crate::backend::Pooled for $name {
+        impl crate::pooled_allocator::Pooled for $name {
             type Storage = $storage;
-            fn pooled(&self) -> &crate::backend::PooledAllocator<Self::Storage> {
+            fn pooled(&self) -> &crate::pooled_allocator::PooledAllocator<Self::Storage> {
                 &self.0
             }
         }
@@ -170,21 +171,24 @@ macro_rules! pool_controls {
             pub fn set_memory_limit(
                 &self,
                 limit: Option<u64>,
-                index: crate::DeviceIndex,
-            ) -> crate::Result<()> {
+                index: crate::device::DeviceIndex,
+            ) -> crate::error::Result<()> {
                 self.0.set_memory_limit(limit, index)
             }
 
             /// The memory limit of device `index`.
-            pub fn memory_limit(&self, index: crate::DeviceIndex) -> crate::Result<Option<u64>> {
+            pub fn memory_limit(
+                &self,
+                index: crate::device::DeviceIndex,
+            ) -> crate::error::Result<Option<u64>> {
                 Ok(self.0.pool(index)?.memory_limit())
             }
 
             /// Every live allocation of device `index`, in address order.
             pub fn live_allocations(
                 &self,
-                index: crate::DeviceIndex,
-            ) -> crate::Result<Vec<crate::snapshot::LiveAllocation>> {
+                index: crate::device::DeviceIndex,
+            ) -> crate::error::Result<Vec<crate::snapshot::LiveAllocation>> {
                 Ok(self.0.pool(index)?.live_allocations())
             }
 

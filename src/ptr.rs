@@ -1,8 +1,8 @@
-//! [`DevicePtr`], the opaque device address.
+//! [`DevicePtr`], the opaque device address. At the bottom of the crate's layers: it imports
+//! nothing from the crate (the checked offsets, which fail with an [`crate::Error`], are in
+//! `error.rs`).
 
 use std::fmt;
-
-use crate::error::{Error, Result};
 
 /// An opaque 64-bit device address: the Rust stand-in for a `void*` into device memory.
 ///
@@ -32,18 +32,6 @@ impl DevicePtr {
     /// Whether this is [`DevicePtr::NULL`].
     pub const fn is_null(self) -> bool {
         self.0 == 0
-    }
-
-    /// `self + bytes`, or [`Error::InvalidArgument`] when the sum overflows 64 bits.
-    pub fn offset(self, bytes: usize) -> Result<DevicePtr> {
-        self.offset_u64(bytes as u64)
-    }
-
-    /// `self + bytes` for a 64-bit byte count, checked like [`DevicePtr::offset`].
-    pub fn offset_u64(self, bytes: u64) -> Result<DevicePtr> {
-        self.0.checked_add(bytes).map(DevicePtr).ok_or_else(|| {
-            Error::invalid_argument(format!("{self:?} + {bytes} overflows the 64-bit address space"))
-        })
     }
 
     /// The distance `self - base` in bytes, or `None` when `base` is above `self`.
@@ -79,6 +67,7 @@ impl From<DevicePtr> for u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Error;
 
     #[test]
     fn null_and_arithmetic() {

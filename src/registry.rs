@@ -4,7 +4,7 @@ use std::sync::{Mutex, OnceLock};
 
 use crate::allocator::DeviceAllocator;
 use crate::bounce::{bounce, run_blocking, End, Mode};
-use crate::device::{Device, DeviceType, NUM_DEVICE_TYPES};
+use crate::device::{Device, DeviceIndex, DeviceType, NUM_DEVICE_TYPES};
 use crate::error::{Error, Result};
 use crate::ptr::DevicePtr;
 use crate::sync::Unpoisoned;
@@ -169,7 +169,7 @@ impl DeviceAllocatorRegistry {
 }
 
 /// One end of a copy between allocators: the allocator, the device index, the address.
-pub type CopyEnd<'a> = (&'a dyn DeviceAllocator, crate::DeviceIndex, DevicePtr);
+pub type CopyEnd<'a> = (&'a dyn DeviceAllocator, DeviceIndex, DevicePtr);
 
 /// Copies `nbytes` from `src` (an allocator, a device index of it, an address) to `dst`, with
 /// no registry: through the allocator's own device-to-device copy when both ends are one

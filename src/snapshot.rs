@@ -36,9 +36,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::allocator::AllocatorStats;
 use crate::error::{Error, Result};
 use crate::ptr::DevicePtr;
+use crate::stats::AllocatorStats;
 
 /// Addresses as `"0x…"` strings in JSON (see the module docs).
 mod hex_addr {

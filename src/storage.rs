@@ -3,11 +3,11 @@
 use std::fmt::Debug;
 
 use crate::allocator::BoxFuture;
+use crate::allocator::WasmNotSendSync;
 use crate::bounce::yield_now;
 use crate::checks::round_up;
 use crate::device::Device;
 use crate::error::Result;
-use crate::WasmNotSendSync;
 
 /// Raw device storage: how one backend allocates, reads, writes and copies a block.
 ///

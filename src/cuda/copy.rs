@@ -1,6 +1,9 @@
 //! Device-to-device copies: on one device, overlapping ranges included; between two devices,
 //! as peer copies with peer access enabled where the driver says it can be.
 //!
+//! One thing split for length with `storage.rs` (ARCHITECTURE.md's table): these are
+//! `CudaStorage`'s copy methods, and the two files import each other.
+//!
 //! - **Overlap.** `cuMemcpy` does not handle overlapping ranges. Ranges at least
 //!   [`MIN_DIRECT`] apart go in direct pieces as long as that distance, in the safe direction
 //!   (front first when the destination is below the source, back first above): no piece's

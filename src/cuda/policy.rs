@@ -52,7 +52,8 @@ pub(crate) fn aligned_alloc(
     free(raw);
     let bytes = capacity.saturating_add(alignment - DRIVER_ALIGNMENT);
     let raw = malloc(bytes)?;
-    let addr = round_up(raw, alignment).ok_or_else(|| crate::Error::invalid_argument("address overflows"))?;
+    let addr =
+        round_up(raw, alignment).ok_or_else(|| crate::error::Error::invalid_argument("address overflows"))?;
     Ok(Raw { raw, addr, bytes })
 }
 
@@ -188,7 +189,7 @@ mod tests {
     /// fresh pool with `options`: (the pool's stats, its peak live capacity, blocks freed).
     fn decode(options: crate::PoolOptions) -> (crate::AllocatorStats, u64, usize) {
         let driver = std::sync::Arc::new(std::sync::Mutex::new(Driver::new()));
-        let pool = crate::backend::Pool::new(FakeCuda(driver.clone()), options).unwrap();
+        let pool = crate::pool::Pool::new(FakeCuda(driver.clone()), options).unwrap();
         let weights = pool.allocate(64 * MIB as usize, 256).unwrap();
         let (mut kv, mut peak_live) = (None, 0);
         for step in 0..200usize {
@@ -223,8 +224,7 @@ mod tests {
         assert!(s.peak_reserved_bytes > 2 * peak_live, "{s:?} over a peak live of {peak_live}");
         // A workload that repeats asks the driver for nothing after its first step.
         let driver = std::sync::Arc::new(std::sync::Mutex::new(Driver::new()));
-        let pool =
-            crate::backend::Pool::new(FakeCuda(driver.clone()), crate::PoolOptions::default()).unwrap();
+        let pool = crate::pool::Pool::new(FakeCuda(driver.clone()), crate::PoolOptions::default()).unwrap();
         let mut after = Vec::new();
         for _ in 0..4 {
             let ptrs: Vec<_> =
@@ -238,8 +238,7 @@ mod tests {
     #[test]
     fn a_cached_cuda_block_is_split_for_smaller_requests_at_aligned_device_addresses() {
         let driver = std::sync::Arc::new(std::sync::Mutex::new(Driver::new()));
-        let pool =
-            crate::backend::Pool::new(FakeCuda(driver.clone()), crate::PoolOptions::default()).unwrap();
+        let pool = crate::pool::Pool::new(FakeCuda(driver.clone()), crate::PoolOptions::default()).unwrap();
         // Blocks split for a workload that repeats: a step that holds 8 MiB while 31 one-byte
         // temporaries come and go, twice (the pool's policy), leaves both blocks cached.
         let mut base = 0;

@@ -1,5 +1,8 @@
 //! Large host<->device copies through pinned staging buffers, in the order `pipeline.rs` sets.
 //!
+//! One thing split for length with `storage.rs` (ARCHITECTURE.md's table): these are
+//! `CudaStorage`'s staged copies, and the two files import each other.
+//!
 //! One thread copying on the host is capped by a single core's memcpy (~8-15 GB/s), below a
 //! PCIe Gen5 link (~50 GB/s pinned): so the host side runs on [`CopyTuning::threads`] copy
 //! threads, each filling (or emptying) a whole chunk of its own, into [`CopyTuning::buffers`]

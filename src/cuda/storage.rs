@@ -1,5 +1,9 @@
 //! [`CudaStorage`]: CUDA device memory of one device as a [`Storage`] for the generic pool.
 //!
+//! One thing split for length (ARCHITECTURE.md's table): this file, `copy.rs` (device-to-device
+//! copies) and `staging.rs` (large host copies) are the CUDA storage's methods, and import each
+//! other.
+//!
 //! Memory comes from `cuMemAlloc` / `cuMemFree`, synchronous and outside any stream-ordered
 //! pool, on purpose: devalloc's pool is the cache, so the driver's pool would only add a second
 //! one (the default pool is process-wide and, with its release threshold of 0, gives memory

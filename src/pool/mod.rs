@@ -86,9 +86,9 @@ use self::address::{AddressWindow, SharedWindow, Span, MAX_DEVICES, MAX_WINDOW_B
 use self::budget::Budget;
 use self::cache::{BlockCache, Key};
 use self::pieces::{Holder, Pieces};
-use crate::allocator::AllocatorStats;
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::stats::AllocatorStats;
 use crate::storage::Storage;
 use crate::sync::lock;
 

@@ -47,10 +47,10 @@ use std::sync::{Arc, Mutex};
 
 use futures_channel::oneshot;
 
+use super::block::ceil4;
 use super::gpu::{Gpu, MapResult};
 use super::options::Tuning;
 use super::platform::{Current, Platform};
-use super::storage::ceil4;
 use crate::bounce::Mode;
 use crate::error::Result;
 use crate::sync::lock;

@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use super::lost::Loss;
 
+use super::block::aligned;
 use super::options::Route;
-use super::storage::{aligned, WgpuStorage};
+use super::storage::WgpuStorage;
 use super::WgpuAllocator;
 use crate::device::{Device, DeviceIndex};
 use crate::error::{Error, Result};

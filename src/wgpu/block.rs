@@ -16,6 +16,24 @@ use super::gpu::Gpu;
 use super::platform::{Current, Platform};
 use crate::error::{Error, Result};
 
+/// wgpu's copy alignment.
+pub(crate) const COPY_ALIGN: u64 = wgpu::COPY_BUFFER_ALIGNMENT;
+
+/// `v` rounded down to whole words.
+pub(crate) fn floor4(v: u64) -> u64 {
+    v & !(COPY_ALIGN - 1)
+}
+
+/// `v` rounded up to whole words.
+pub(crate) fn ceil4(v: u64) -> u64 {
+    (v + COPY_ALIGN - 1) & !(COPY_ALIGN - 1)
+}
+
+/// Whether `offset..offset + len` is whole 4-byte words.
+pub(crate) fn aligned(offset: u64, len: u64) -> bool {
+    (offset | len).is_multiple_of(COPY_ALIGN)
+}
+
 /// One wgpu buffer and what devalloc keeps about it.
 pub struct WgpuBlock {
     pub(crate) buffer: wgpu::Buffer,
@@ -69,15 +87,15 @@ impl WgpuBlock {
     /// would hand out what staging held from another allocation).
     pub(crate) async fn made(
         &self,
-        device: crate::Device,
+        device: crate::device::Device,
         len: u64,
         mode: crate::bounce::Mode,
-    ) -> crate::Result<()> {
+    ) -> crate::error::Result<()> {
         if mode == crate::bounce::Mode::Async {
             drop(self.verdict.read().await);
         }
         if self.refused.load(Ordering::Acquire) {
-            return Err(crate::Error::OutOfMemory {
+            return Err(crate::error::Error::OutOfMemory {
                 requested: len,
                 device,
                 detail: "the browser could not make this allocation's buffer".into(),

@@ -4,7 +4,8 @@
 //! direct route) and ragged writes (read, merge, write back) from interleaving with them.
 
 use super::block::Held;
-use super::storage::{aligned, WgpuBlock, WgpuStorage};
+use super::block::{aligned, WgpuBlock};
+use super::storage::WgpuStorage;
 use crate::bounce::{yield_now, Mode, BOUNCE_CHUNK};
 use crate::error::Result;
 

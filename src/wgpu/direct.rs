@@ -15,10 +15,10 @@
 
 use std::ops::Range;
 
+use super::block::ceil4;
 use super::block::WgpuBlock;
 use super::gpu::Gpu;
 use super::mapping::MapGuard;
-use super::storage::ceil4;
 use crate::bounce::{yield_now, Mode};
 use crate::error::Result;
 

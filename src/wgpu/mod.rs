@@ -114,7 +114,7 @@ mod allocator;
 mod belt;
 mod bind;
 mod binding;
-mod block;
+pub(crate) mod block;
 mod copy;
 mod direct;
 mod gpu;
@@ -136,7 +136,7 @@ pub use options::{DeviceLostHandler, Route, WgpuOptions};
 
 use self::options::device_type_of;
 use crate::allocator::DeviceAllocator;
-use crate::discover::{Registration, RegistrationOutcome};
+use crate::registration::{Registration, RegistrationOutcome};
 use crate::registry::DeviceAllocatorRegistry;
 
 /// The wgpu backends `register_backends` tries, in order.

@@ -7,8 +7,8 @@ use std::sync::atomic::Ordering;
 
 use super::belt::{Belt, PIPELINE_DEPTH};
 use super::block::WgpuBlock;
+use super::block::{ceil4, floor4, COPY_ALIGN};
 use super::gpu::{Gpu, Raises};
-use super::storage::{ceil4, floor4, COPY_ALIGN};
 use crate::bounce::{yield_now, Mode};
 use crate::error::{Error, Result};
 

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::belt::Belt;
-pub use super::block::WgpuBlock;
+use super::block::{aligned, ceil4, floor4, WgpuBlock, COPY_ALIGN};
 use super::gpu::Gpu;
 use super::options::{Route, Tuning, WgpuOptions};
 use super::platform::{blocking_allowed, Current, MustWait, Platform};
@@ -17,22 +17,6 @@ use crate::bounce::{run_blocking, Mode};
 use crate::device::Device;
 use crate::error::Result;
 use crate::storage::Storage;
-
-/// wgpu's copy alignment.
-pub(crate) const COPY_ALIGN: u64 = wgpu::COPY_BUFFER_ALIGNMENT;
-
-pub(crate) fn floor4(v: u64) -> u64 {
-    v & !(COPY_ALIGN - 1)
-}
-
-pub(crate) fn ceil4(v: u64) -> u64 {
-    (v + COPY_ALIGN - 1) & !(COPY_ALIGN - 1)
-}
-
-/// Whether `offset..offset + len` is whole 4-byte words.
-pub(crate) fn aligned(offset: u64, len: u64) -> bool {
-    (offset | len).is_multiple_of(COPY_ALIGN)
-}
 
 /// Per-allocation choices of a wgpu buffer: its usage (bits of `wgpu::BufferUsages`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
@@ -170,7 +154,7 @@ impl WgpuStorage {
     /// `r`; a wgpu failure (`Backend`) on a buffer the app holds, on a device that is fine,
     /// spoils the block (see [`WgpuBlock::spoiled`]).
     pub(crate) fn spoil_on<T>(&self, block: &WgpuBlock, r: Result<T>) -> Result<T> {
-        if matches!(r, Err(crate::Error::Backend { .. }))
+        if matches!(r, Err(crate::error::Error::Backend { .. }))
             && block.exposed.load(Ordering::Acquire)
             && !self.gpu.lost.is_lost()
         {

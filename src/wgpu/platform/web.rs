@@ -213,7 +213,7 @@ impl Platform for Web {
     fn open_blocking<T>(_open: impl Future<Output = Result<T>>) -> Result<T> {
         Err(Error::NotSupported {
             operation: "WgpuAllocator::new / with_options",
-            device_type: crate::DeviceType::WebGpu,
+            device_type: crate::device::DeviceType::WebGpu,
             reason: "in the browser an adapter can only be opened asynchronously: use WgpuAllocator::new_async(...).await".into(),
         })
     }
