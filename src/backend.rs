@@ -58,5 +58,7 @@ pub use crate::pool::{BlockRef, Pool};
 pub use crate::pooled_allocator::{Pooled, PooledAllocator};
 pub use crate::storage::Storage;
 #[cfg(feature = "wgpu")]
-pub use crate::wgpu::block::WgpuBlock;
-pub use crate::wgpu::storage::{WgpuParams, WgpuStorage};
+pub use crate::wgpu::{
+    block::WgpuBlock,
+    storage::{WgpuParams, WgpuStorage},
+};

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use futures_channel::oneshot;
 
 use super::lost::Loss;
-use super::platform::{Current, Platform};
+use super::platform::{Current, On, Platform};
 use crate::bounce::Mode;
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -69,7 +69,7 @@ impl Gpu {
     ) -> Result<Self> {
         let lost = Loss::of(&device, &queue, id, on_lost)?;
         let info = device.adapter_info();
-        let waiter = Current::waiter(&device, &lost);
+        let waiter = Current::waiter(&device, lost.clone());
         let core = Current::wgpu_core_inside(&info);
         Ok(Gpu {
             device,
@@ -303,6 +303,11 @@ impl Gpu {
         }
     }
 
+    /// What the platform's waits need of this device.
+    fn on(&self) -> On<'_, <Current as Platform>::Waiter> {
+        On { device: &self.device, waiter: &self.waiter, lost: &*self.lost, id: self.id }
+    }
+
     /// Waits until `rx` has its value (see [`Platform::wait`]).
     pub async fn wait<T>(
         &self,
@@ -311,12 +316,12 @@ impl Gpu {
         mode: Mode,
         idle_gives_up: bool,
     ) -> Result<T> {
-        Current::wait(self, rx, index, mode, idle_gives_up).await
+        Current::wait(self.on(), rx, index, mode, idle_gives_up).await
     }
 
     /// Waits, blocking, until `take` has the value (see [`Platform::wait_blocking`]).
     pub fn wait_blocking<T>(&self, take: impl FnMut() -> std::result::Result<Option<T>, ()>) -> Result<T> {
-        Current::wait_blocking(self, take)
+        Current::wait_blocking(self.on(), take)
     }
 
     /// Waits for a map callback and turns a failed map into an error.

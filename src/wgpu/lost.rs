@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use super::options::DeviceLostHandler;
-use super::platform::{Current, Platform};
+use super::platform::{Current, LossSignal, Platform, Record};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::sync::lock;
@@ -181,6 +181,30 @@ impl Loss {
             }
             None => self.mark(&format!("{what} panicked inside wgpu (taken as a driver-level loss)")),
         }
+    }
+}
+
+impl LossSignal for Loss {
+    fn is_lost(&self) -> bool {
+        Loss::is_lost(self)
+    }
+
+    fn mark(&self, message: &str) {
+        Loss::mark(self, message)
+    }
+
+    fn after_panic(&self, what: &str) {
+        Loss::after_panic(self, what)
+    }
+
+    fn error(&self) -> Error {
+        Loss::error(self)
+    }
+}
+
+impl Record for LostRecord {
+    fn mark_lost(&self, reason: Option<wgpu::DeviceLostReason>, message: &str) {
+        self.mark(reason, message)
     }
 }
 

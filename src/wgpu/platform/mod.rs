@@ -15,8 +15,7 @@ use std::sync::Arc;
 
 use futures_channel::oneshot;
 
-use super::gpu::Gpu;
-use super::lost::{Loss, LostRecord};
+use crate::allocator::WasmNotSendSync;
 use crate::bounce::Mode;
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -29,6 +28,43 @@ pub(crate) use native::Native as Current;
 mod web;
 #[cfg(web)]
 pub(crate) use web::Web as Current;
+
+/// What the platform's waits ask of a device's loss: `lost.rs`'s `Loss` answers. (The platform
+/// sits below the loss policy, which polls through it: it names the loss only by this trait.)
+pub(crate) trait LossSignal: WasmNotSendSync + 'static {
+    /// Whether the loss is recorded.
+    fn is_lost(&self) -> bool;
+    /// Records the loss (the first time) and calls the app's handler once. (The browser's
+    /// waits neither poll on a thread of their own nor catch panics.)
+    #[cfg_attr(web, allow(dead_code))]
+    fn mark(&self, message: &str);
+    /// A panic came out of wgpu during `what`: a loss only if the device is no longer valid.
+    #[cfg_attr(web, allow(dead_code))]
+    fn after_panic(&self, what: &str);
+    /// The [`Error::DeviceLost`] of this device.
+    fn error(&self) -> Error;
+}
+
+/// A device's lost record as the platform's table keeps it: found again by its type, and
+/// marked lost when the platform learns of a loss first (the browser's `webglcontextlost`).
+pub(crate) trait Record: WasmNotSendSync + 'static {
+    /// Records the loss (the first time) and calls the app's handler once. (Only the
+    /// browser's watch learns of a loss before wgpu does.)
+    #[cfg_attr(any(native, not(feature = "webgl")), allow(dead_code))]
+    fn mark_lost(&self, reason: Option<wgpu::DeviceLostReason>, message: &str);
+}
+
+/// What a wait needs of a device: the device, its waiter, its loss and its name.
+pub(crate) struct On<'a, W> {
+    /// The device polled.
+    pub device: &'a wgpu::Device,
+    /// Its waiter ([`Platform::waiter`]).
+    pub waiter: &'a W,
+    /// Its loss.
+    pub lost: &'a dyn LossSignal,
+    /// The device, as errors name it.
+    pub id: Device,
+}
 
 /// What the wgpu backend needs of the platform it runs on.
 pub(crate) trait Platform {
@@ -45,7 +81,7 @@ pub(crate) trait Platform {
     type Waiter;
 
     /// The waiter of one device.
-    fn waiter(device: &wgpu::Device, lost: &Arc<Loss>) -> Self::Waiter;
+    fn waiter(device: &wgpu::Device, lost: Arc<dyn LossSignal>) -> Self::Waiter;
 
     /// Polls without blocking (runs ready callbacks); false when wgpu panicked.
     fn poll_now(device: &wgpu::Device) -> bool;
@@ -82,8 +118,9 @@ pub(crate) trait Platform {
         backend: wgpu::Backend,
     ) -> impl Future<Output = Vec<wgpu::Adapter>>;
 
-    /// The lost record of `device`, made by `make(serial)` if it has none yet.
-    fn record_of(device: &wgpu::Device, make: impl FnOnce(u64) -> Arc<LostRecord>) -> Arc<LostRecord>;
+    /// The lost record of `device`, made by `make(serial)` if it has none yet (or the one it
+    /// has is not an `R`).
+    fn record_of<R: Record>(device: &wgpu::Device, make: impl FnOnce(u64) -> Arc<R>) -> Arc<R>;
 
     /// Drops the table's entry of a record that is going away.
     fn forget_record(serial: u64);
@@ -92,7 +129,7 @@ pub(crate) trait Platform {
     /// submission the value waits for, if known. `idle_gives_up`: fail once the device has gone
     /// idle twice without the value (a map of another device's buffer never completes here).
     fn wait<T>(
-        gpu: &Gpu,
+        on: On<'_, Self::Waiter>,
         rx: oneshot::Receiver<T>,
         index: Option<wgpu::SubmissionIndex>,
         mode: Mode,
@@ -101,7 +138,10 @@ pub(crate) trait Platform {
 
     /// Waits, blocking, until `take` has the value (`Err`: it never will): for a caller with a
     /// callback slot of its own.
-    fn wait_blocking<T>(gpu: &Gpu, take: impl FnMut() -> std::result::Result<Option<T>, ()>) -> Result<T>;
+    fn wait_blocking<T>(
+        on: On<'_, Self::Waiter>,
+        take: impl FnMut() -> std::result::Result<Option<T>, ()>,
+    ) -> Result<T>;
 
     /// Opens devices, blocking where that is allowed.
     fn open_blocking<T>(open: impl Future<Output = Result<T>>) -> Result<T>;

@@ -15,6 +15,7 @@
 //!   lost; and a `webglcontextlost` listener on its canvas records the loss (and so calls the
 //!   app's `on_device_lost`) even if devalloc is not called again.
 
+use std::any::Any;
 use std::cell::RefCell;
 use std::future::Future;
 use std::sync::{Arc, Weak};
@@ -23,12 +24,10 @@ use futures_channel::oneshot;
 use wasm_bindgen::closure::Closure;
 use wasm_bindgen::JsCast;
 
-use super::Platform;
+use super::{LossSignal, On, Platform, Record};
 use crate::bounce::Mode;
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::wgpu::gpu::Gpu;
-use crate::wgpu::lost::{Loss, LostRecord};
 
 /// The platform of a browser build.
 pub(crate) struct Web;
@@ -47,7 +46,8 @@ struct Entry {
     /// devices opened apart would otherwise be taken for one (as `DeviceKey` does natively).
     hal: Option<usize>,
     serial: u64,
-    record: Weak<LostRecord>,
+    /// A `Weak<R>` of the record type `R` that `record_of` was asked for.
+    record: Box<dyn Any>,
     watch: Watch,
 }
 
@@ -63,7 +63,7 @@ impl Platform for Web {
 
     type Waiter = Waiter;
 
-    fn waiter(device: &wgpu::Device, _lost: &Arc<Loss>) -> Waiter {
+    fn waiter(device: &wgpu::Device, _lost: Arc<dyn LossSignal>) -> Waiter {
         Waiter { polls: device.adapter_info().backend == wgpu::Backend::Gl }
     }
 
@@ -132,20 +132,23 @@ impl Platform for Web {
         instance.request_adapter(&opts).await.into_iter().collect()
     }
 
-    fn record_of(device: &wgpu::Device, make: impl FnOnce(u64) -> Arc<LostRecord>) -> Arc<LostRecord> {
+    fn record_of<R: Record>(device: &wgpu::Device, make: impl FnOnce(u64) -> Arc<R>) -> Arc<R> {
         let hal = hal_address(device);
         let same = |e: &Entry| &e.device == device && e.hal == hal;
-        let found = RECORDS.with_borrow(|t| t.iter().find(|e| same(e)).and_then(|e| e.record.upgrade()));
+        let found = RECORDS.with_borrow(|t| {
+            t.iter().find(|e| same(e)).and_then(|e| e.record.downcast_ref::<Weak<R>>()?.upgrade())
+        });
         if let Some(r) = found {
             return r;
         }
         let serial = SERIAL.replace(SERIAL.get() + 1);
         let record = make(serial);
-        let watch = Watch::of(device, Arc::downgrade(&record));
+        let marks: Arc<dyn Record> = record.clone();
+        let watch = Watch::of(device, Arc::downgrade(&marks));
         // The entry a dropped record left is dropped outside the borrow (its listener goes).
         let old = RECORDS.with_borrow_mut(|t| {
             let old: Vec<Entry> = t.extract_if(.., |e| same(e)).collect();
-            let record = Arc::downgrade(&record);
+            let record = Box::new(Arc::downgrade(&record));
             t.push(Entry { device: device.clone(), hal, serial, record, watch });
             old
         });
@@ -163,7 +166,7 @@ impl Platform for Web {
     /// only from `device.poll`, so there it polls and yields to the browser (a `MessageChannel`
     /// task) until the value is there.
     async fn wait<T>(
-        gpu: &Gpu,
+        gpu: On<'_, Waiter>,
         mut rx: oneshot::Receiver<T>,
         _index: Option<wgpu::SubmissionIndex>,
         mode: Mode,
@@ -205,7 +208,10 @@ impl Platform for Web {
 
     /// Nothing can block in the browser: a blocking wait is an error (the blocking calls that
     /// would need one are refused before they get here).
-    fn wait_blocking<T>(gpu: &Gpu, _take: impl FnMut() -> std::result::Result<Option<T>, ()>) -> Result<T> {
+    fn wait_blocking<T>(
+        gpu: On<'_, Waiter>,
+        _take: impl FnMut() -> std::result::Result<Option<T>, ()>,
+    ) -> Result<T> {
         Err(Error::backend(gpu.id, "a blocking wait was attempted in the browser"))
     }
 
@@ -243,7 +249,7 @@ enum Watch {
 
 impl Watch {
     /// The watch of `device`, whose loss is recorded in `record`.
-    fn of(device: &wgpu::Device, record: Weak<LostRecord>) -> Watch {
+    fn of(device: &wgpu::Device, record: Weak<dyn Record>) -> Watch {
         let _ = &record;
         match device.adapter_info().backend {
             #[cfg(feature = "webgpu")]
@@ -338,11 +344,11 @@ fn hal_address(device: &wgpu::Device) -> Option<usize> {
 
 /// A `webglcontextlost` listener on the canvas of `gl` that records the loss in `record`.
 #[cfg(feature = "webgl")]
-fn listen_for_loss(gl: &web_sys::WebGl2RenderingContext, record: Weak<LostRecord>) -> Option<Listening> {
+fn listen_for_loss(gl: &web_sys::WebGl2RenderingContext, record: Weak<dyn Record>) -> Option<Listening> {
     let canvas: web_sys::EventTarget = gl.canvas()?.dyn_into().ok()?;
     let listener = Closure::<dyn FnMut(web_sys::Event)>::new(move |_| {
         if let Some(record) = record.upgrade() {
-            record.mark(Some(wgpu::DeviceLostReason::Unknown), CONTEXT_LOST);
+            record.mark_lost(Some(wgpu::DeviceLostReason::Unknown), CONTEXT_LOST);
         }
     });
     canvas.add_event_listener_with_callback("webglcontextlost", listener.as_ref().unchecked_ref()).ok()?;

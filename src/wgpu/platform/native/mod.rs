@@ -3,6 +3,7 @@
 
 mod waits;
 
+use std::any::Any;
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,13 +12,11 @@ use std::time::{Duration, Instant};
 
 use futures_channel::oneshot;
 
-use super::Platform;
+use super::{LossSignal, On, Platform, Record};
 use crate::bounce::Mode;
 use crate::device::Device;
 use crate::error::Result;
 use crate::sync::{lock, Unpoisoned};
-use crate::wgpu::gpu::Gpu;
-use crate::wgpu::lost::{Loss, LostRecord};
 
 /// The platform of a native build.
 pub(crate) struct Native;
@@ -35,7 +34,7 @@ impl Platform for Native {
 
     type Waiter = waits::Waiter;
 
-    fn waiter(device: &wgpu::Device, lost: &Arc<Loss>) -> waits::Waiter {
+    fn waiter(device: &wgpu::Device, lost: Arc<dyn LossSignal>) -> waits::Waiter {
         waits::Waiter::new(device, lost)
     }
 
@@ -90,16 +89,17 @@ impl Platform for Native {
         instance.enumerate_adapters(backend.into()).await
     }
 
-    fn record_of(device: &wgpu::Device, make: impl FnOnce(u64) -> Arc<LostRecord>) -> Arc<LostRecord> {
+    fn record_of<R: Record>(device: &wgpu::Device, make: impl FnOnce(u64) -> Arc<R>) -> Arc<R> {
         let key = DeviceKey::of(device);
         let mut table = lock(&RECORDS);
-        if let Some(r) = table.iter().find(|(k, ..)| *k == key).and_then(|(_, _, w)| w.upgrade()) {
+        let found = table.iter().find(|(k, ..)| *k == key);
+        if let Some(r) = found.and_then(|(_, _, w)| w.downcast_ref::<Weak<R>>()?.upgrade()) {
             return r;
         }
         let serial = SERIAL.fetch_add(1, Ordering::Relaxed);
         let record = make(serial);
         table.retain(|(k, ..)| *k != key);
-        table.push((key, serial, Arc::downgrade(&record)));
+        table.push((key, serial, Box::new(Arc::downgrade(&record))));
         record
     }
 
@@ -110,17 +110,20 @@ impl Platform for Native {
     /// Blocking waits poll inline; async ones return `Pending` and are woken through the
     /// polling thread.
     async fn wait<T>(
-        gpu: &Gpu,
+        on: On<'_, waits::Waiter>,
         rx: oneshot::Receiver<T>,
         index: Option<wgpu::SubmissionIndex>,
         mode: Mode,
         idle_gives_up: bool,
     ) -> Result<T> {
-        waits::wait(gpu, rx, index, mode, idle_gives_up).await
+        waits::wait(on, rx, index, mode, idle_gives_up).await
     }
 
-    fn wait_blocking<T>(gpu: &Gpu, take: impl FnMut() -> std::result::Result<Option<T>, ()>) -> Result<T> {
-        waits::wait_blocking(gpu, take)
+    fn wait_blocking<T>(
+        on: On<'_, waits::Waiter>,
+        take: impl FnMut() -> std::result::Result<Option<T>, ()>,
+    ) -> Result<T> {
+        waits::wait_blocking(on, take)
     }
 
     fn open_blocking<T>(open: impl Future<Output = Result<T>>) -> Result<T> {
@@ -184,6 +187,7 @@ fn hal_address_as<A: wgpu::hal::Api>(device: &wgpu::Device) -> Option<usize> {
     Some(std::ptr::from_ref::<A::Device>(&hal) as usize)
 }
 
-type RecordTable = Vec<(DeviceKey, u64, Weak<LostRecord>)>;
+/// Each device's record: its key, serial, and a `Weak<R>` of the type `record_of` was asked for.
+type RecordTable = Vec<(DeviceKey, u64, Box<dyn Any + Send + Sync>)>;
 static RECORDS: Mutex<RecordTable> = Mutex::new(Vec::new());
 static SERIAL: AtomicU64 = AtomicU64::new(1);

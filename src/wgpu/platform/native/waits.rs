@@ -14,8 +14,7 @@ use futures_channel::oneshot;
 use crate::bounce::Mode;
 use crate::error::{Error, Result};
 use crate::sync::{lock, Unpoisoned};
-use crate::wgpu::gpu::Gpu;
-use crate::wgpu::lost::Loss;
+use crate::wgpu::platform::{LossSignal, On};
 
 /// The polling thread's first pause between two polls; the pause doubles up to [`MAX_PAUSE`]
 /// while nothing new arrives, and starts again at this when a new wait does.
@@ -37,7 +36,7 @@ struct PollerState {
 
 struct PollerShared {
     device: wgpu::Device,
-    lost: Arc<Loss>,
+    lost: Arc<dyn LossSignal>,
     state: Mutex<PollerState>,
     cv: Condvar,
     /// Polls that found the queue empty so far.
@@ -53,7 +52,7 @@ pub(crate) struct Waiter {
 }
 
 impl Waiter {
-    pub(crate) fn new(device: &wgpu::Device, lost: &Arc<Loss>) -> Self {
+    pub(crate) fn new(device: &wgpu::Device, lost: Arc<dyn LossSignal>) -> Self {
         let state = PollerState {
             watchers: 0,
             wakers: Vec::new(),
@@ -63,7 +62,7 @@ impl Waiter {
         };
         let shared = PollerShared {
             device: device.clone(),
-            lost: Arc::clone(lost),
+            lost,
             state: Mutex::new(state),
             cv: Condvar::new(),
             idle_polls: AtomicU64::new(0),
@@ -229,7 +228,7 @@ impl<T> Drop for Waiting<'_, T> {
 /// the callback, as for a map of a buffer that belongs to another device (which only that
 /// device's polls would complete).
 pub(super) async fn wait<T>(
-    s: &Gpu,
+    s: On<'_, Waiter>,
     mut rx: oneshot::Receiver<T>,
     index: Option<wgpu::SubmissionIndex>,
     mode: Mode,
@@ -238,17 +237,17 @@ pub(super) async fn wait<T>(
     let got = match mode {
         Mode::Async => {
             let id = WAITS.fetch_add(1, Ordering::Relaxed);
-            Waiting { id, rx, waiter: &s.waiter, watching: false, idle_gives_up, idle_at_start: 0 }.await
+            Waiting { id, rx, waiter: s.waiter, watching: false, idle_gives_up, idle_at_start: 0 }.await
         }
-        Mode::Blocking => block_until(s, index, idle_gives_up, || rx.try_recv().map_err(drop)),
+        Mode::Blocking => block_until(&s, index, idle_gives_up, || rx.try_recv().map_err(drop)),
     };
-    ended_error(s, got)
+    ended_error(&s, got)
 }
 
 /// Polls the device inline until `take` has the value (`Err`: it never will), the device is
 /// lost, or (with `idle_gives_up`) the device has gone idle twice without it.
 fn block_until<T>(
-    s: &Gpu,
+    s: &On<'_, Waiter>,
     index: Option<wgpu::SubmissionIndex>,
     idle_gives_up: bool,
     mut take: impl FnMut() -> std::result::Result<Option<T>, ()>,
@@ -280,14 +279,14 @@ fn block_until<T>(
 /// Waits, blocking, until `take` has the value (`Err`: it never will): the blocking half of
 /// [`wait`] for a caller with a callback slot of its own (no channel).
 pub(super) fn wait_blocking<T>(
-    s: &Gpu,
+    s: On<'_, Waiter>,
     take: impl FnMut() -> std::result::Result<Option<T>, ()>,
 ) -> Result<T> {
-    ended_error(s, block_until(s, None, false, take))
+    ended_error(&s, block_until(&s, None, false, take))
 }
 
 /// The error for a wait that ended without its value.
-fn ended_error<T>(s: &Gpu, got: std::result::Result<T, Ended>) -> Result<T> {
+fn ended_error<T>(s: &On<'_, Waiter>, got: std::result::Result<T, Ended>) -> Result<T> {
     got.map_err(|ended| match ended {
         Ended::Gone if s.lost.is_lost() => s.lost.error(),
         Ended::Gone => Error::backend(s.id, "wgpu dropped a callback devalloc was waiting for"),
