@@ -106,7 +106,7 @@
 //! `allocator.rs` (the allocator, its requests), `options.rs` (options, route choice, the
 //! backend's tuning), `storage.rs` (the `Storage` impl: blocks, routes, ragged writes),
 //! `gpu.rs` (one device and devalloc's calls on it, in error scopes), `lost.rs` (is this
-//! failure a device loss?), `belt.rs` and `staged.rs` (the staging belt and its protocols),
+//! failure a device loss?), `belt.rs` (the staging belt: its state and protocols, one type),
 //! `direct.rs` (mapped copies), `copy.rs` (between blocks), `binding.rs` (bindings, app
 //! buffers), `platform/` (native vs web, behind one trait).
 
@@ -122,7 +122,6 @@ mod lost;
 mod mapping;
 mod options;
 mod platform;
-mod staged;
 pub(crate) mod storage;
 mod verdict;
 

@@ -1,6 +1,6 @@
 //! [`WgpuStorage`]: wgpu buffers of one device as a [`Storage`] for the generic pool.
 //!
-//! It holds the device ([`Gpu`], `gpu.rs`), the staging belt (`belt.rs`, `staged.rs`) and the
+//! It holds the device ([`Gpu`], `gpu.rs`), the staging belt (`belt.rs`) and the
 //! route, and sends each copy the route's way: staged through the belt, or by mapping the
 //! block itself (`direct.rs`); copies between blocks are in `copy.rs`.
 
