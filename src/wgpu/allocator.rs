@@ -304,10 +304,10 @@ impl WgpuAllocator {
         s.check_lost()?;
         // Until the map resolves, giving up (or being dropped) cancels it, for good: a map left
         // pending would map the app's buffer behind its back later (see `mapping.rs`).
-        let (mut pending, mapped) = MapGuard::request(s, buffer, mode, range, true)?;
+        let mut pending = MapGuard::request(s, buffer, mode, range, true)?;
         // A buffer of another device would never map here (only that device's polls complete
         // its map): give up once this device is idle.
-        let waited = s.wait(mapped, None, Mode::Async, true).await;
+        let waited = pending.waited(Mode::Async, true).await;
         if waited.is_err() {
             // It will not map here (another device's buffer, or a loss): no use waiting for it.
             pending.cancel();

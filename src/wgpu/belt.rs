@@ -49,10 +49,9 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use futures_channel::oneshot;
-
 use super::block::{ceil4, floor4, WgpuBlock, COPY_ALIGN};
-use super::gpu::{Gpu, MapResult, Raises};
+use super::gpu::{Gpu, Raises};
+use super::mapping::{Map, Outcome};
 use super::options::Tuning;
 use super::platform::{Current, Platform};
 use crate::bounce::{yield_now, Mode};
@@ -78,12 +77,12 @@ impl Drop for Staging {
     }
 }
 
-/// An upload buffer being mapped again after its copy.
+/// An upload buffer being mapped again after its copy: its map's callback says when the GPU
+/// is done with it.
 struct Remapping {
-    pub(super) staging: Staging,
-    mapped: oneshot::Receiver<MapResult>,
-    /// The map had completed when it was asked for (its result is already taken).
-    ready: bool,
+    staging: Staging,
+    map: Map,
+    /// The submission of the copy out of it.
     index: Option<wgpu::SubmissionIndex>,
 }
 
@@ -298,8 +297,8 @@ impl Belt {
                 let index = gpu.submit("devalloc download", |enc| {
                     enc.copy_buffer_to_buffer(src, a0 + pos, &staging.buffer, 0, n)
                 })?;
-                let mapped = gpu.map(&staging.buffer, wgpu::MapMode::Read, 0..n)?;
-                inflight.push_back((staging, pos, n, mapped, index));
+                let map = Map::request(gpu, &staging.buffer, wgpu::MapMode::Read, 0..n, true)?;
+                inflight.push_back((staging, pos, n, map, index));
                 pos += n;
                 // Async: one step per poll, a submission (which a software device may run
                 // inline) or a chunk's copy-out, so the pipeline fills over a few polls.
@@ -307,8 +306,8 @@ impl Belt {
                     yield_now().await;
                 }
             }
-            let Some((staging, cpos, n, mapped, index)) = inflight.pop_front() else { break };
-            gpu.wait_mapped(mapped, index, mode).await?;
+            let Some((staging, cpos, n, mut map, index)) = inflight.pop_front() else { break };
+            map.wait(gpu, index, mode).await?;
             if block.refused.load(Ordering::Acquire) {
                 // The browser could not make the block: the copy into staging did nothing, and
                 // what staging holds is some earlier download's. Nothing reaches `dst`.
@@ -348,21 +347,18 @@ impl Belt {
         loop {
             let front = lock(&self.kept).uploads.pop_front();
             let Some(mut r) = front else { break };
-            if r.ready {
-                return Ok(r.staging);
-            }
-            match r.mapped.try_recv() {
-                Ok(Some(Ok(()))) => return Ok(r.staging),
-                Ok(Some(Err(_))) | Err(oneshot::Canceled) => continue, // dropped: not reusable
+            match r.map.outcome() {
+                Outcome::Mapped => return Ok(r.staging),
+                Outcome::Refused => continue, // dropped: not reusable
                 // Not back yet (the callback comes from a poll: the app's, the polling
                 // thread's, or a wait's): a new buffer within the budget, else wait for it.
-                Ok(None) => {
+                Outcome::Pending => {
                     let within = self.bytes() + self.chunk <= self.budget;
                     if within || (mode == Mode::Blocking && !Current::CAN_BLOCK) {
                         lock(&self.kept).uploads.push_front(r);
                         break;
                     }
-                    gpu.wait_mapped(r.mapped, r.index, mode).await?;
+                    r.map.wait(gpu, r.index.take(), mode).await?;
                     return Ok(r.staging);
                 }
             }
@@ -383,15 +379,14 @@ impl Belt {
         if self.over_budget() {
             return None;
         }
-        let Ok(mut mapped) = gpu.map(&staging.buffer, wgpu::MapMode::Write, 0..staging.buffer.size()) else {
+        let size = staging.buffer.size();
+        let Ok(map) = Map::request(gpu, &staging.buffer, wgpu::MapMode::Write, 0..size, true) else {
             return Some(false);
         };
-        let ready = match mapped.try_recv() {
-            Ok(None) => false,
-            Ok(Some(Ok(()))) => true,
-            Ok(Some(Err(_))) | Err(oneshot::Canceled) => return Some(false),
-        };
-        lock(&self.kept).uploads.push_back(Remapping { staging, mapped, ready, index });
+        if map.outcome() == Outcome::Refused {
+            return Some(false);
+        }
+        lock(&self.kept).uploads.push_back(Remapping { staging, map, index });
         Some(true)
     }
 

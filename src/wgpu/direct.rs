@@ -33,8 +33,7 @@ struct Mapping<'a> {
 }
 
 impl<'a> Mapping<'a> {
-    /// Asks for the map (the caller holds the block's lock); the receiver resolves when wgpu
-    /// has answered. Only a buffer the app holds (`exposed`) is mapped inside an error scope:
+    /// Asks for the map (the caller holds the block's lock). Only a buffer the app holds (`exposed`) is mapped inside an error scope:
     /// see `Gpu::map_unscoped`.
     fn request(
         gpu: &'a Gpu,
@@ -42,11 +41,11 @@ impl<'a> Mapping<'a> {
         mode: wgpu::MapMode,
         offset: u64,
         len: usize,
-    ) -> Result<(Self, futures_channel::oneshot::Receiver<()>)> {
+    ) -> Result<Self> {
         let range = offset & !(wgpu::MAP_ALIGNMENT - 1)..ceil4(offset + len as u64);
         let exposed = block.exposed.load(std::sync::atomic::Ordering::Acquire);
-        let (guard, rx) = MapGuard::request(gpu, &block.buffer, mode, range.clone(), exposed)?;
-        Ok((Mapping { guard, buffer: &block.buffer, gpu, range, offset, len: len as u64 }, rx))
+        let guard = MapGuard::request(gpu, &block.buffer, mode, range.clone(), exposed)?;
+        Ok(Mapping { guard, buffer: &block.buffer, gpu, range, offset, len: len as u64 })
     }
 
     /// The pieces to copy, at most `chunk` bytes each and starting at multiples of 8 from the
@@ -86,8 +85,8 @@ async fn with_mapped(
     mut f: impl FnMut(&wgpu::Buffer, Range<u64>, usize, Range<usize>) -> MapCopy,
 ) -> Result<()> {
     let held = block.lock_async().await;
-    let (mut mapping, mapped) = Mapping::request(gpu, block, map_mode, offset, len)?;
-    let waited = gpu.wait(mapped, None, mode, false).await;
+    let mut mapping = Mapping::request(gpu, block, map_mode, offset, len)?;
+    let waited = mapping.guard.waited(mode, false).await;
     held.here();
     mapping.guard.settle(waited)?;
     let mut pieces = mapping.pieces(chunk).peekable();
@@ -112,8 +111,8 @@ fn with_mapped_blocking(
     mut f: impl FnMut(&wgpu::Buffer, Range<u64>, usize, Range<usize>) -> MapCopy,
 ) -> Result<()> {
     let _held = block.lock_blocking(gpu)?;
-    let (mut mapping, _) = Mapping::request(gpu, block, map_mode, offset, len)?;
-    let waited = mapping.guard.wait_blocking();
+    let mut mapping = Mapping::request(gpu, block, map_mode, offset, len)?;
+    let waited = mapping.guard.waited_blocking();
     mapping.guard.settle(waited)?;
     let copied = mapping.pieces(u64::MAX).try_for_each(|piece| mapping.copy(piece, &mut f));
     copied

@@ -237,21 +237,6 @@ impl Gpu {
         Ok(())
     }
 
-    /// Asks for `buffer[range]` to be mapped (inside an error scope: a destroyed buffer is an
-    /// error, not a panic); the receiver gets the callback's result. A callback wgpu drops
-    /// without calling it answers `Ok` (see [`Reply`]).
-    pub fn map(
-        &self,
-        buffer: &wgpu::Buffer,
-        mode: wgpu::MapMode,
-        range: std::ops::Range<u64>,
-    ) -> Result<oneshot::Receiver<MapResult>> {
-        let (tx, rx) = oneshot::channel();
-        let mut reply = Reply(Some(tx));
-        self.map_then(buffer, mode, range, true, move |r| reply.send(r))?;
-        Ok(rx)
-    }
-
     /// Asks for `buffer[range]` to be mapped, `then` called with the result; inside an error
     /// scope unless `scoped` is false (see [`Gpu::map_unscoped`]).
     pub fn map_then(
@@ -324,17 +309,6 @@ impl Gpu {
         Current::wait_blocking(self.on(), take)
     }
 
-    /// Waits for a map callback and turns a failed map into an error.
-    pub async fn wait_mapped(
-        &self,
-        rx: oneshot::Receiver<MapResult>,
-        index: Option<wgpu::SubmissionIndex>,
-        mode: Mode,
-    ) -> Result<()> {
-        let mapped = self.wait(rx, index, mode, false).await?;
-        mapped.map_err(|e| self.backend_error("mapping a buffer", e))
-    }
-
     /// Flushes queued work and returns once the GPU has finished it.
     pub async fn synchronize(&self, mode: Mode) -> Result<()> {
         // The wait polls, which reports a loss: no poll up front.
@@ -356,26 +330,5 @@ impl Gpu {
             return Err(self.lost.error());
         }
         Ok(())
-    }
-}
-
-/// The sender of one map's result. wgpu-core 30.0.2 maps every buffer of a poll's batch, then
-/// calls their callbacks in turn: when one of them (an app's) panics, the rest are dropped
-/// uncalled, their buffers mapped. So a reply dropped unsent says `Ok`, and the mapped view
-/// that follows is what finds out (wgpu hands out a view of a mapped buffer only, else an
-/// error), rather than a healthy device's copy failing.
-struct Reply(Option<oneshot::Sender<MapResult>>);
-
-impl Reply {
-    fn send(&mut self, r: MapResult) {
-        if let Some(tx) = self.0.take() {
-            let _ = tx.send(r);
-        }
-    }
-}
-
-impl Drop for Reply {
-    fn drop(&mut self) {
-        self.send(Ok(()));
     }
 }

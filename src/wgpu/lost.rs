@@ -20,8 +20,8 @@
 //!   done: [`Loss::settle`] waits for the report (a second at most), then records the
 //!   loss itself.
 //! - **After a panic inside wgpu** ([`Loss::after_panic`]): a real driver-level loss makes
-//!   `Device::poll` panic, but so does a race inside wgpu-core 30.0.2 on a healthy device (see
-//!   `platform/native/waits.rs`). A panic is a loss only once the probe says the device is invalid;
+//!   `Device::poll` panic, but so does a race inside wgpu-core on a healthy device (item 2 of
+//!   `workarounds.rs`). A panic is a loss only once the probe says the device is invalid;
 //!   otherwise it is logged and the device keeps working.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,6 +29,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use super::options::DeviceLostHandler;
 use super::platform::{Current, LossSignal, Platform, Record};
+use super::workarounds;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::sync::lock;
@@ -172,9 +173,9 @@ impl Loss {
         }
         match self.device_invalid() {
             Some(false) => log::warn!(
-                "devalloc: {what} panicked inside wgpu, but {} is still valid: carrying on \
-                 (wgpu-core 30.0.2 asserts in Device::maintain when polls race, gfx-rs/wgpu#9958)",
-                self.id
+                "devalloc: {what} panicked inside wgpu, but {} is still valid: carrying on ({})",
+                self.id,
+                workarounds::PANIC_ON_A_HEALTHY_DEVICE
             ),
             Some(true) => {
                 self.mark(&format!("{what} panicked inside wgpu and the device is no longer valid"))

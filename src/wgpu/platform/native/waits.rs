@@ -15,12 +15,13 @@ use crate::bounce::Mode;
 use crate::error::{Error, Result};
 use crate::sync::{lock, Unpoisoned};
 use crate::wgpu::platform::{LossSignal, On};
+use crate::wgpu::workarounds;
 
 /// The polling thread's first pause between two polls; the pause doubles up to [`MAX_PAUSE`]
 /// while nothing new arrives, and starts again at this when a new wait does.
 pub(super) const MIN_PAUSE: Duration = Duration::from_micros(10);
 /// The longest pause of the polling thread between two polls.
-pub(super) const MAX_PAUSE: Duration = Duration::from_micros(500);
+pub(super) const MAX_PAUSE: Duration = workarounds::POLL_PAUSE;
 
 struct PollerState {
     watchers: usize,
@@ -119,14 +120,9 @@ impl Drop for Waiter {
 /// The polling thread: while anyone waits, polls without blocking (`PollType::Poll`) and
 /// pauses between polls, from [`MIN_PAUSE`] doubling to [`MAX_PAUSE`].
 ///
-/// Never a `PollType::Wait` with a timeout: in wgpu-core 30.0.2, `Device::maintain` reads the
-/// fence after a timed-out wait and asserts that an empty queue means the fence reached the
-/// waited index; when another thread's poll (with a newer fence value) retires the last
-/// submission in between, the assertion panics on a healthy device ("If the queue is empty,
-/// the current submission index (N) should be at least the wait submission index (N+2)";
-/// fixed upstream after 30.0.2, gfx-rs/wgpu#9958). A non-blocking poll never asserts, and it
-/// holds no lock of the device while the thread pauses (a waiting poll holds the device's
-/// snatch lock, and on GL the context lock, for the whole wait).
+/// Never a `PollType::Wait`: see item 1 of `wgpu/workarounds.rs` (a timed wait can panic on a
+/// healthy device; a non-blocking poll never asserts, and holds no lock of the device while
+/// the thread pauses).
 fn poll_loop(shared: &PollerShared) {
     let mut pause = MIN_PAUSE;
     loop {
@@ -261,9 +257,8 @@ fn block_until<T>(
             Ok(None) if idle_gives_up && idle >= 2 => return Err(Ended::Idle),
             Ok(None) => {}
         }
-        // Without a timeout: a wait returns only once the fence has reached the index it read,
-        // so wgpu-core's assertion after it holds (see `poll_loop`).
-        let wait = wgpu::PollType::Wait { submission_index: index.clone(), timeout: None };
+        // Without a timeout (item 1 of `workarounds.rs`).
+        let wait = workarounds::wait_until(index.clone());
         match catch_unwind(AssertUnwindSafe(|| s.device.poll(wait))) {
             Err(_) => s.lost.after_panic("waiting for the device"),
             Ok(Err(e)) => {
