@@ -197,7 +197,14 @@ async fn blocking_calls_name_their_async_twin() {
     assert!(matches!(e, Error::NotSupported { .. }) && e.to_string().contains("synchronize_async"), "{e}");
     a.synchronize_async(0).await.unwrap();
     let e = WgpuAllocator::new(wgpu::Backend::BrowserWebGpu).err().unwrap();
-    assert!(e.to_string().contains("new_async"), "{e}");
+    assert!(e.to_string().contains("new_async(wgpu::Backend::BrowserWebGpu)"), "{e}");
+    // A blocking open of WebGL2 names the backend asked for, not WebGPU.
+    let e = WgpuAllocator::new(wgpu::Backend::Gl).err().unwrap();
+    assert!(
+        matches!(e, Error::NotSupported { device_type: devalloc::DeviceType::Gl, .. })
+            && e.to_string().contains("new_async(wgpu::Backend::Gl)"),
+        "{e}"
+    );
     a.deallocate(p, 0).unwrap();
 }
 

@@ -89,7 +89,7 @@ impl WgpuAllocator {
     /// Opens every adapter of `backend`, blocking (native only; in the browser use
     /// [`WgpuAllocator::with_options_async`], as opening an adapter there cannot be waited for).
     pub fn with_options(backend: wgpu::Backend, options: WgpuOptions) -> Result<Self> {
-        Current::open_blocking(Self::with_options_async(backend, options))
+        Current::open_blocking(backend, Self::with_options_async(backend, options))
     }
 
     /// Opens every adapter of `backend` with default options; the way in on the web, where
@@ -110,12 +110,25 @@ impl WgpuAllocator {
         desc.backends = backend.into();
         let instance = wgpu::Instance::new(desc);
         let mut adapters = Current::adapters(&instance, backend).await;
+        let software: Vec<String> = adapters
+            .iter()
+            .map(|a| a.get_info())
+            .filter(|i| i.device_type == wgpu::DeviceType::Cpu)
+            .map(|i| super::storage::adapter_name(&i).to_string())
+            .collect();
         if !options.allow_software {
             adapters.retain(|a| a.get_info().device_type != wgpu::DeviceType::Cpu);
         }
+        if adapters.is_empty() && !software.is_empty() {
+            return Err(Error::not_found(format!(
+                "no usable {device_type} adapter: only software ones ({}), and WgpuOptions::allow_software is false",
+                software.join(", ")
+            )));
+        }
         if adapters.is_empty() {
             return Err(Error::not_found(format!(
-                "no usable {device_type} adapter: wgpu found none (is a driver installed?)"
+                "no usable {device_type} adapter: {}",
+                Current::no_adapter(backend)
             )));
         }
         adapters.sort_by_key(|a| {

@@ -145,6 +145,28 @@ fn memory_limit_and_oversize_are_errors_and_the_allocator_survives() {
     a.deallocate(keep, 0).unwrap();
 }
 
+/// With software adapters refused, a machine that has only software ones (lavapipe here) is
+/// `NotFound` that names them and the option, not "is a driver installed?".
+#[test]
+fn refusing_software_adapters_where_there_are_only_software_ones_says_so() {
+    let Some(a) = vulkan(WgpuOptions::default()) else { return };
+    let software = a.device(0).unwrap().adapter_info().device_type == wgpu::DeviceType::Cpu;
+    drop(a);
+    let options = WgpuOptions { allow_software: false, ..WgpuOptions::default() };
+    match WgpuAllocator::with_options(wgpu::Backend::Vulkan, options) {
+        Err(e) if software => {
+            let m = e.to_string();
+            assert!(matches!(e, Error::NotFound { .. }), "{e}");
+            assert!(m.contains("only software ones") && m.contains("allow_software"), "{m}");
+            assert!(!m.contains("driver installed"), "{m}");
+        }
+        Err(e) => panic!("a hardware adapter was refused: {e}"),
+        Ok(_) if software => panic!("a software adapter was opened with allow_software: false"),
+        // A hardware adapter: nothing refused, nothing to check.
+        Ok(_) => {}
+    }
+}
+
 #[test]
 fn lowered_device_limits_refuse_big_buffers_up_front() {
     let limits = wgpu::Limits { max_buffer_size: 1 << 20, ..wgpu::Limits::downlevel_defaults() };

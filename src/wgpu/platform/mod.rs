@@ -143,8 +143,11 @@ pub(crate) trait Platform {
         take: impl FnMut() -> std::result::Result<Option<T>, ()>,
     ) -> Result<T>;
 
-    /// Opens devices, blocking where that is allowed.
-    fn open_blocking<T>(open: impl Future<Output = Result<T>>) -> Result<T>;
+    /// Opens devices of `backend`, blocking where that is allowed.
+    fn open_blocking<T>(backend: wgpu::Backend, open: impl Future<Output = Result<T>>) -> Result<T>;
+
+    /// Why no adapter of `backend` was found, and what to do: the end of the `NotFound` error.
+    fn no_adapter(backend: wgpu::Backend) -> String;
 
     /// Whether wgpu-core runs the device here (it then refuses work on a device that is no
     /// longer valid at once, without reporting it to any error handler).

@@ -26,7 +26,7 @@ use wasm_bindgen::JsCast;
 
 use super::{LossSignal, On, Platform, Record};
 use crate::bounce::Mode;
-use crate::device::Device;
+use crate::device::{Device, DeviceType};
 use crate::error::{Error, Result};
 
 /// The platform of a browser build.
@@ -216,12 +216,36 @@ impl Platform for Web {
     }
 
     /// Opening a device cannot be waited for in the browser.
-    fn open_blocking<T>(_open: impl Future<Output = Result<T>>) -> Result<T> {
+    fn open_blocking<T>(backend: wgpu::Backend, _open: impl Future<Output = Result<T>>) -> Result<T> {
+        let device_type = if backend == wgpu::Backend::Gl { DeviceType::Gl } else { DeviceType::WebGpu };
         Err(Error::NotSupported {
             operation: "WgpuAllocator::new / with_options",
-            device_type: crate::device::DeviceType::WebGpu,
-            reason: "in the browser an adapter can only be opened asynchronously: use WgpuAllocator::new_async(...).await".into(),
+            device_type,
+            reason: format!(
+                "in the browser an adapter can only be opened asynchronously: use WgpuAllocator::new_async(wgpu::Backend::{backend:?}).await (or with_options_async)"
+            ),
         })
+    }
+
+    /// Which of the browser's steps failed, and the fix: WebGPU missing from the page
+    /// (`navigator.gpu`), the browser offering no adapter (`requestAdapter()` gave null), or
+    /// WebGL2 refused.
+    fn no_adapter(backend: wgpu::Backend) -> String {
+        match backend {
+            wgpu::Backend::Gl => "the browser gave no WebGL2 context (WebGL is off, blocklisted for this GPU, or out of contexts): \
+                 enable WebGL in the browser, or use WebGPU (wgpu::Backend::BrowserWebGpu)"
+                .into(),
+            _ if !has_webgpu() => "navigator.gpu is missing: this browser or page has WebGPU off (Chrome and Edge 113+ have it; \
+                 headless Chromium needs --enable-unsafe-webgpu; Firefox needs dom.webgpu.enabled; Safari 26+; \
+                 a page must be served over https or from localhost). Or build devalloc with the `webgl` feature \
+                 and open wgpu::Backend::Gl (WebGL2) instead"
+                .into(),
+            _ => "navigator.gpu.requestAdapter() returned null: the browser has WebGPU but offers no adapter \
+                 (the GPU or driver is blocklisted, or there is no GPU: headless Chromium can use SwiftShader with \
+                 --enable-unsafe-webgpu --use-angle=swiftshader; chrome://gpu says why). Or build devalloc with the \
+                 `webgl` feature and open wgpu::Backend::Gl (WebGL2) instead"
+                .into(),
+        }
     }
 
     /// On WebGL2, compiled into the page. On WebGPU the browser runs it.
@@ -395,4 +419,12 @@ fn post_task(resolve: &js_sys::Function) -> std::result::Result<Option<Posted>, 
         return Err(());
     };
     timed.map(|_| None).map_err(drop)
+}
+
+/// Whether the page has WebGPU at all: `navigator.gpu` is there (a window's or a worker's).
+fn has_webgpu() -> bool {
+    let navigator = js_sys::Reflect::get(&js_sys::global(), &"navigator".into()).unwrap_or_default();
+    !navigator.is_undefined()
+        && js_sys::Reflect::get(&navigator, &"gpu".into())
+            .is_ok_and(|gpu| !gpu.is_undefined() && !gpu.is_null())
 }

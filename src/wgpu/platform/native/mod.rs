@@ -126,8 +126,12 @@ impl Platform for Native {
         waits::wait_blocking(on, take)
     }
 
-    fn open_blocking<T>(open: impl Future<Output = Result<T>>) -> Result<T> {
+    fn open_blocking<T>(_backend: wgpu::Backend, open: impl Future<Output = Result<T>>) -> Result<T> {
         pollster::block_on(open)
+    }
+
+    fn no_adapter(_backend: wgpu::Backend) -> String {
+        "wgpu found none (is a driver installed?)".into()
     }
 
     /// Always on native.
