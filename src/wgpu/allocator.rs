@@ -10,7 +10,7 @@ use super::storage::{WgpuParams, WgpuStorage};
 use super::{Route, WgpuOptions};
 use crate::allocator::DEFAULT_ALIGNMENT;
 use crate::bounce::Mode;
-use crate::device::{Device, DeviceIndex};
+use crate::device::{Device, DeviceIndex, DeviceType};
 use crate::error::{Error, Result};
 use crate::pool::Pool;
 use crate::pooled_allocator::PooledAllocator;
@@ -89,7 +89,7 @@ impl WgpuAllocator {
     /// Opens every adapter of `backend`, blocking (native only; in the browser use
     /// [`WgpuAllocator::with_options_async`], as opening an adapter there cannot be waited for).
     pub fn with_options(backend: wgpu::Backend, options: WgpuOptions) -> Result<Self> {
-        Current::open_blocking(backend, Self::with_options_async(backend, options))
+        Current::open_blocking(device_type_for(backend)?, backend, Self::with_options_async(backend, options))
     }
 
     /// Opens every adapter of `backend` with default options; the way in on the web, where
@@ -100,11 +100,7 @@ impl WgpuAllocator {
 
     /// Opens every adapter of `backend` with these options, without blocking.
     pub async fn with_options_async(backend: wgpu::Backend, options: WgpuOptions) -> Result<Self> {
-        let device_type = device_type_of(backend).ok_or_else(|| {
-            Error::invalid_argument(format!(
-                "wgpu backend {backend:?} has no device memory devalloc can serve"
-            ))
-        })?;
+        let device_type = device_type_for(backend)?;
         options.check(Device::new(device_type, 0))?;
         let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
         desc.backends = backend.into();
@@ -334,6 +330,13 @@ impl WgpuAllocator {
     pub fn max_allocation(&self, index: DeviceIndex) -> Result<u64> {
         Ok(self.0.pool(index)?.storage().max_block_size())
     }
+}
+
+/// The device type `backend` serves, or why it serves none.
+fn device_type_for(backend: wgpu::Backend) -> Result<DeviceType> {
+    device_type_of(backend).ok_or_else(|| {
+        Error::invalid_argument(format!("wgpu backend {backend:?} has no device memory devalloc can serve"))
+    })
 }
 
 /// The pool params of `request`: its usage, which may not include mapping (devalloc's).

@@ -1,8 +1,7 @@
 //! The staging belt: how host<->device copies reach a GPU buffer that the host cannot map.
 //! One type, [`Belt`], in one file: its state, then its protocols (uploads, downloads), then
-//! how it takes and gives back staging buffers, top to bottom. The file is longer than the
-//! crate's ~400-line guide on purpose: one type's protocol reads in one place (as wgpu's own
-//! `StagingBelt`).
+//! how it takes and gives back staging buffers, top to bottom (as wgpu's own `StagingBelt`).
+//! Small uploads go through the queue's own staging instead, in `queue_upload.rs`.
 //!
 //! # Protocol
 //!
@@ -50,10 +49,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::block::{ceil4, floor4, WgpuBlock, COPY_ALIGN};
-use super::gpu::{Gpu, Raises};
+use super::gpu::Gpu;
 use super::mapping::{Map, Outcome};
 use super::options::Tuning;
 use super::platform::{Current, Platform};
+use super::queue_upload::{Pieces, QueueUploads};
 use crate::bounce::{yield_now, Mode};
 use crate::error::{Error, Result};
 use crate::sync::lock;
@@ -62,8 +62,6 @@ use crate::sync::lock;
 pub(crate) const PIPELINE_DEPTH: usize = 3;
 /// Size of the staging buffers of small reads.
 const SMALL_DOWNLOAD: u64 = 64 << 10;
-/// Bytes of small uploads after which the queue is flushed.
-const FLUSH_PENDING: u64 = 8 << 20;
 
 /// A staging buffer, counted in its belt's bytes while it exists.
 pub(crate) struct Staging {
@@ -99,14 +97,13 @@ pub(crate) struct Belt {
     /// Bytes of one staging buffer: one chunk of a large copy.
     pub chunk: u64,
     small: u64,
-    pub(super) small_upload: u64,
+    /// Uploads up to its size go through the queue's own staging.
+    small_uploads: QueueUploads,
     /// Downloads up to this size get a staging buffer of their own (see `options::Tuning`).
     fresh_downloads: u64,
     budget: u64,
     bytes: Arc<AtomicU64>,
     kept: Mutex<Kept>,
-    /// Bytes of small uploads since the queue was last flushed.
-    pub(super) pending_small: AtomicU64,
 }
 
 impl Belt {
@@ -115,12 +112,11 @@ impl Belt {
         Belt {
             chunk: tuning.chunk,
             small: SMALL_DOWNLOAD.min(max_buffer),
-            small_upload: tuning.small_upload,
+            small_uploads: QueueUploads::new(tuning.small_upload),
             fresh_downloads: tuning.fresh_downloads,
             budget: budget.unwrap_or(8 * tuning.chunk),
             bytes: Arc::default(),
             kept: Mutex::default(),
-            pending_small: AtomicU64::new(0),
         }
     }
 
@@ -148,67 +144,6 @@ impl Belt {
 
     // --- The protocols: uploads (small and large) and downloads. ---
 
-    /// An upload through the queue's own staging (`queue.write_buffer`), which the next
-    /// submission carries.
-    ///
-    /// Where wgpu-core runs (native, and WebGL2 in the browser) it goes through
-    /// `write_buffer_with`, which returns `None` on a destroyed or lost device (wgpu checks the
-    /// device first, and keeps device-lost errors out of its error handlers): that is how a
-    /// small upload notices a loss without the poll every other call makes up front, which on
-    /// GL takes the context lock and costs more than a 4 KiB upload's own work. On browser
-    /// WebGPU `write_buffer` copies straight out of wasm memory, and the device's `lost`
-    /// promise reports a loss: it polls first as every call does.
-    fn upload_small(
-        &self,
-        gpu: &Gpu,
-        dst: &wgpu::Buffer,
-        at: u64,
-        parts: &[&[u8]],
-        size: wgpu::BufferSize,
-    ) -> Result<()> {
-        let total = size.get();
-        if !gpu.core {
-            gpu.check_lost()?;
-        }
-        // Where wgpu-core runs, out of memory for the queue's staging is caught here, so `None`
-        // below is a device that is no longer valid. (On browser WebGPU a scope is a round trip
-        // into JS, and `write_buffer` is checked up front: no scope, as for every copy there.)
-        let raises = if gpu.core { Raises::ValidationOrOom } else { Raises::Validation };
-        let written = gpu.scoped("devalloc small upload", total, raises, || match parts {
-            [whole] if !gpu.core => {
-                gpu.queue.write_buffer(dst, at, whole);
-                true
-            }
-            _ => {
-                let Some(mut view) = gpu.queue.write_buffer_with(dst, at, size) else {
-                    return false;
-                };
-                let mut filled = 0;
-                for p in parts {
-                    view.slice(filled..filled + p.len()).copy_from_slice(p);
-                    filled += p.len();
-                }
-                true
-            }
-        })?;
-        if !written {
-            // Where wgpu-core runs, every other refusal was caught by the scope: the device is
-            // no longer valid, and reports its loss once its queue is done. (On browser WebGPU
-            // nothing was scoped: say only that wgpu refused.)
-            if !gpu.core {
-                return Err(gpu.backend_error("small upload", "wgpu refused the write"));
-            }
-            return Err(gpu.settle_loss());
-        }
-        gpu.note_queued_write();
-        let before = self.pending_small.fetch_add(total, Ordering::Relaxed);
-        if before + total >= FLUSH_PENDING {
-            self.pending_small.store(0, Ordering::Relaxed);
-            gpu.flush_queued_writes()?;
-        }
-        Ok(())
-    }
-
     /// Uploads the bytes of `parts` (concatenated, whole words) to `dst[at..]`: small ones
     /// through the queue, large ones through the belt. The call returns once everything is
     /// submitted: queue order makes every later operation see the data.
@@ -223,8 +158,8 @@ impl Belt {
         let total: u64 = parts.iter().map(|p| p.len() as u64).sum();
         debug_assert!(at.is_multiple_of(COPY_ALIGN) && total.is_multiple_of(COPY_ALIGN));
         let Some(size) = wgpu::BufferSize::new(total) else { return Ok(()) };
-        if total <= self.small_upload {
-            return self.upload_small(gpu, dst, at, parts, size);
+        if total <= self.small_uploads.max {
+            return self.small_uploads.upload(gpu, dst, at, parts, size);
         }
         // The chunks below do not wait, and on a destroyed device wgpu drops them silently. In
         // the browser's WebGPU a loss is known from the device's `lost` promise: look first.
@@ -421,31 +356,5 @@ impl Belt {
             return;
         }
         lock(&self.kept).downloads.push(b);
-    }
-}
-
-/// Walks a list of byte slices as one stream.
-struct Pieces<'a> {
-    parts: &'a [&'a [u8]],
-    part: usize,
-    at: usize,
-}
-
-impl<'a> Pieces<'a> {
-    fn new(parts: &'a [&'a [u8]]) -> Self {
-        Pieces { parts, part: 0, at: 0 }
-    }
-
-    /// The next contiguous piece, at most `max` bytes.
-    fn next_piece(&mut self, max: usize) -> &'a [u8] {
-        while self.part < self.parts.len() && self.at == self.parts[self.part].len() {
-            self.part += 1;
-            self.at = 0;
-        }
-        let Some(p) = self.parts.get(self.part) else { return &[] };
-        let n = (p.len() - self.at).min(max);
-        let piece = &p[self.at..self.at + n];
-        self.at += n;
-        piece
     }
 }

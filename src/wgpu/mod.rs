@@ -107,10 +107,11 @@
 //! backend's tuning), `storage.rs` (the `Storage` impl: blocks, routes, ragged writes),
 //! `gpu.rs` (one device and devalloc's calls on it, in error scopes), `lost.rs` (is this
 //! failure a device loss?), `belt.rs` (the staging belt: its state and protocols, one type),
-//! `mapping.rs` (the one way a buffer is mapped), `direct.rs` (mapped copies), `copy.rs`
-//! (between blocks), `binding.rs` (bindings, app buffers), `platform/` (native vs web, behind
-//! one trait), `workarounds.rs` (every workaround for wgpu-core 30.0.2: the one file to
-//! revisit on an upgrade).
+//! `queue_upload.rs` (small uploads through the queue's own staging), `mapping.rs` (the one
+//! way a buffer is mapped), `direct.rs` (mapped copies), `copy.rs` (between blocks),
+//! `binding.rs` (bindings, app buffers), `platform/` (native vs web, behind one trait),
+//! `workarounds.rs` (every workaround for wgpu-core 30.0.2: the one file to revisit on an
+//! upgrade).
 
 mod allocator;
 mod belt;
@@ -124,6 +125,7 @@ mod lost;
 mod mapping;
 mod options;
 mod platform;
+mod queue_upload;
 pub(crate) mod storage;
 mod verdict;
 mod workarounds;

@@ -17,7 +17,7 @@ use futures_channel::oneshot;
 
 use crate::allocator::WasmNotSendSync;
 use crate::bounce::Mode;
-use crate::device::Device;
+use crate::device::{Device, DeviceType};
 use crate::error::{Error, Result};
 
 #[cfg(native)]
@@ -143,8 +143,12 @@ pub(crate) trait Platform {
         take: impl FnMut() -> std::result::Result<Option<T>, ()>,
     ) -> Result<T>;
 
-    /// Opens devices of `backend`, blocking where that is allowed.
-    fn open_blocking<T>(backend: wgpu::Backend, open: impl Future<Output = Result<T>>) -> Result<T>;
+    /// Opens devices of `backend` (of `device_type`), blocking where that is allowed.
+    fn open_blocking<T>(
+        device_type: DeviceType,
+        backend: wgpu::Backend,
+        open: impl Future<Output = Result<T>>,
+    ) -> Result<T>;
 
     /// Why no adapter of `backend` was found, and what to do: the end of the `NotFound` error.
     fn no_adapter(backend: wgpu::Backend) -> String;

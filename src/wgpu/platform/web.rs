@@ -216,8 +216,11 @@ impl Platform for Web {
     }
 
     /// Opening a device cannot be waited for in the browser.
-    fn open_blocking<T>(backend: wgpu::Backend, _open: impl Future<Output = Result<T>>) -> Result<T> {
-        let device_type = if backend == wgpu::Backend::Gl { DeviceType::Gl } else { DeviceType::WebGpu };
+    fn open_blocking<T>(
+        device_type: DeviceType,
+        backend: wgpu::Backend,
+        _open: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
         Err(Error::NotSupported {
             operation: "WgpuAllocator::new / with_options",
             device_type,

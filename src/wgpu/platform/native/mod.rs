@@ -14,7 +14,7 @@ use futures_channel::oneshot;
 
 use super::{LossSignal, On, Platform, Record};
 use crate::bounce::Mode;
-use crate::device::Device;
+use crate::device::{Device, DeviceType};
 use crate::error::Result;
 use crate::sync::{lock, Unpoisoned};
 
@@ -126,7 +126,11 @@ impl Platform for Native {
         waits::wait_blocking(on, take)
     }
 
-    fn open_blocking<T>(_backend: wgpu::Backend, open: impl Future<Output = Result<T>>) -> Result<T> {
+    fn open_blocking<T>(
+        _device_type: DeviceType,
+        _backend: wgpu::Backend,
+        open: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
         pollster::block_on(open)
     }
 
