@@ -5,6 +5,7 @@ use crate::device::{Device, DeviceIndex, DeviceType};
 use crate::error::{Error, Result};
 use crate::ptr::DevicePtr;
 use crate::registry::DeviceAllocatorRegistry;
+use crate::stream::{Progress, StreamOptions};
 
 /// Owns one allocation and frees it exactly once, on drop.
 ///
@@ -206,6 +207,39 @@ impl<'a> DeviceMemoryBuffer<'a> {
         let a = self.alloc()?;
         let ptr = self.at(offset, dst.len())?;
         a.copy_device_to_host_async(dst, ptr, self.device.index).await
+    }
+
+    /// Fills the buffer from byte `offset` to its end from `reader`, through a bounded host
+    /// window: see [`crate::stream::write_from_reader`] (the same errors and checks).
+    pub fn write_from_reader<R: crate::stream::Source + ?Sized, P: FnMut(Progress)>(
+        &mut self,
+        offset: usize,
+        reader: &mut R,
+        options: StreamOptions<P>,
+    ) -> Result<u64> {
+        let a = self.alloc()?;
+        let len = self.size.saturating_sub(offset);
+        crate::stream::write_from_reader(a, self.at(offset, len)?, len, self.device.index, reader, options)
+    }
+
+    /// Async twin of [`DeviceMemoryBuffer::write_from_reader`] over a stream of byte chunks:
+    /// see [`crate::stream::write_from_stream`].
+    pub async fn write_from_stream<S, B, E, P>(
+        &mut self,
+        offset: usize,
+        stream: S,
+        options: StreamOptions<P>,
+    ) -> Result<u64>
+    where
+        S: futures_core::Stream<Item = std::result::Result<B, E>> + Unpin,
+        B: AsRef<[u8]>,
+        E: Into<crate::error::BackendSource>,
+        P: FnMut(Progress),
+    {
+        let a = self.alloc()?;
+        let len = self.size.saturating_sub(offset);
+        let ptr = self.at(offset, len)?;
+        crate::stream::write_from_stream(a, ptr, len, self.device.index, stream, options).await
     }
 
     /// Writes a slice of plain values at offset 0.

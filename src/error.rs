@@ -153,6 +153,25 @@ pub enum Error {
         reason: String,
     },
 
+    /// A streamed copy stopped part-way (a source that failed, ended early or ran long, or a
+    /// copy that failed): the first `landed` bytes of the range were written, in order from its
+    /// start, and nothing past them. `source` is the underlying error: an `std::io::Error` of the
+    /// reader, or devalloc's own [`Error`] (downcast it to tell a lost device from the rest).
+    #[error("streaming into {device}: {landed} of {expected} bytes landed, then {reason}")]
+    Stream {
+        /// The device.
+        device: Device,
+        /// Bytes written from the start of the range before it stopped.
+        landed: u64,
+        /// Bytes the range holds (what the stream was to fill).
+        expected: u64,
+        /// What stopped it.
+        reason: String,
+        /// The reader's or the copy's own error, where there is one.
+        #[source]
+        source: Option<BackendSource>,
+    },
+
     /// Any other failure of the backend, with the backend's own error as source.
     #[error("backend error on {device}: {message}")]
     Backend {

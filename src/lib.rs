@@ -148,6 +148,7 @@ pub mod replay;
 pub mod snapshot;
 mod stats;
 mod storage;
+pub mod stream;
 mod sync;
 #[cfg(feature = "wgpu")]
 pub mod wgpu;
@@ -167,6 +168,7 @@ pub use registry::{
     DeviceAllocatorRegistry,
 };
 pub use stats::AllocatorStats;
+pub use stream::{write_from_reader, write_from_stream, Progress, StreamOptions};
 
 #[cfg(all(test, native))]
 mod assertions {

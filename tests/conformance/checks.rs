@@ -2,6 +2,7 @@
 use devalloc::{DeviceAllocator, DeviceIndex, DevicePtr, Error, PointerProblem, DEFAULT_ALIGNMENT};
 
 pub use super::memory::{history_and_snapshot, repeating_sizes_far_apart, steady_state};
+pub use super::streaming::streaming;
 use super::*;
 
 fn sizes() -> Vec<usize> {

@@ -23,6 +23,7 @@ pub mod checks;
 pub mod logging;
 pub mod memory;
 pub mod model;
+pub mod streaming;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -243,7 +244,7 @@ macro_rules! conformance_tests {
         conformance_tests!(@each $make, $need,
             round_trips, sub_ranges, alignment, stats, bad_inputs, refusals_change_nothing, planned,
             planned_release_frees_all_after_a_failure, device_to_device, foreign_pointers_on_either_end,
-            raii_buffer, history_and_snapshot);
+            raii_buffer, history_and_snapshot, streaming);
         conformance_tests!(@caching $make, $need, $caching, steady_state, repeating_sizes_far_apart);
         #[cfg(not(target_arch = "wasm32"))]
         #[test]

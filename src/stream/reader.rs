@@ -1,0 +1,170 @@
+//! [`write_from_reader`]: a range filled from a `std::io::Read` through the window, with a
+//! thread that reads one half of it while the caller's copies the other (natively).
+
+use std::io::{ErrorKind, Read};
+
+use super::{Fill, Progress, StreamOptions};
+use crate::allocator::DeviceAllocator;
+use crate::device::DeviceIndex;
+use crate::error::Result;
+use crate::ptr::DevicePtr;
+
+/// What [`write_from_reader`] reads from: any `std::io::Read` that is `Send` on native (a
+/// thread reads ahead of the copies), any `Read` in the browser.
+#[cfg(native)]
+pub trait Source: Read + Send {}
+#[cfg(native)]
+impl<T: Read + Send + ?Sized> Source for T {}
+/// What [`write_from_reader`] reads from: any `std::io::Read` that is `Send` on native (a
+/// thread reads ahead of the copies), any `Read` in the browser.
+#[cfg(web)]
+pub trait Source: Read {}
+#[cfg(web)]
+impl<T: Read + ?Sized> Source for T {}
+
+/// Fills `len` bytes of device memory from `dst` with the bytes `reader` gives, through a host
+/// window of `options`' size, and returns how many landed (`len`, unless
+/// [`StreamOptions::allow_short`]). A thread reads one half of the window while the caller's
+/// copies the other to the device, so reading overlaps copying (the reader must be `Send`;
+/// the progress callback runs on the caller's thread).
+///
+/// The range is checked first: a bad pointer or range is its own error, and nothing is read.
+/// A reader that fails, ends early, or holds more than the range, and a copy that fails
+/// part-way, are an [`Error::Stream`] saying how many bytes landed; nothing past the range is
+/// ever written, and every other allocation is untouched.
+#[cfg(native)]
+pub fn write_from_reader<R: Source + ?Sized, P: FnMut(Progress)>(
+    alloc: &dyn DeviceAllocator,
+    dst: DevicePtr,
+    len: usize,
+    index: DeviceIndex,
+    reader: &mut R,
+    mut options: StreamOptions<P>,
+) -> Result<u64> {
+    use std::sync::mpsc::sync_channel;
+    let mut fill = Fill::start(alloc, dst, len, index, &options)?;
+    // Two halves of the window: a thread reads into one while this one copies the other.
+    let half = fill.chunk.div_ceil(2);
+    let (full_tx, full_rx) = sync_channel::<Read_>(2);
+    let (empty_tx, empty_rx) = sync_channel::<Vec<u8>>(2);
+    for _ in 0..2 {
+        empty_tx.send(vec![0u8; half]).expect("the receiver is here");
+    }
+    let len = fill.len;
+    std::thread::scope(|scope| {
+        scope.spawn(move || read_ahead(reader, len, empty_rx, full_tx));
+        let r = loop {
+            match full_rx.recv() {
+                Ok(Read_::Data(buf, n)) => {
+                    let copied = fill.at().and_then(|at| alloc.copy_host_to_device(at, &buf[..n], index));
+                    if let Err(e) = fill.land(copied, n, &mut options.progress) {
+                        break Err(e);
+                    }
+                    // The reader may have finished: then nobody needs the buffer back.
+                    let _ = empty_tx.send(buf);
+                }
+                Ok(Read_::Failed(e)) => break Err(fill.read_failed(e)),
+                Ok(Read_::Longer) => break Err(fill.too_long()),
+                Ok(Read_::End) | Err(_) => break Ok(()),
+            }
+        };
+        // Dropping the channels stops the reader at its next send.
+        drop((full_rx, empty_tx));
+        r
+    })?;
+    fill.finish(&mut options.progress)
+}
+
+/// What the reading thread of [`write_from_reader`] hands over, in order.
+#[cfg(native)]
+enum Read_ {
+    /// A buffer and how many of its bytes were read.
+    Data(Vec<u8>, usize),
+    /// The reader failed (after every `Data` before it).
+    Failed(std::io::Error),
+    /// The range is full and the reader had more.
+    Longer,
+    /// The reader ended (the range full, or short of it).
+    End,
+}
+
+/// Reads `len` bytes ahead of the copies, into the buffers `empty` gives back, then looks for
+/// a byte more; stops when the other side hangs up.
+#[cfg(native)]
+fn read_ahead<R: Read + ?Sized>(
+    reader: &mut R,
+    len: u64,
+    empty: std::sync::mpsc::Receiver<Vec<u8>>,
+    full: std::sync::mpsc::SyncSender<Read_>,
+) {
+    let mut read = 0u64;
+    while read < len {
+        let Ok(mut buf) = empty.recv() else { return };
+        let want = (len - read).min(buf.len() as u64) as usize;
+        let (msg, more) = match read_full(reader, &mut buf[..want]) {
+            Ok(n) => {
+                read += n as u64;
+                (Read_::Data(buf, n), n == want)
+            }
+            Err(e) => (Read_::Failed(e), false),
+        };
+        if full.send(msg).is_err() {
+            return;
+        }
+        if !more {
+            let _ = full.send(Read_::End);
+            return;
+        }
+    }
+    // Full: one byte more means the source is longer than the range.
+    let msg = match read_full(reader, &mut [0u8; 1]) {
+        Ok(0) => Read_::End,
+        Ok(_) => Read_::Longer,
+        Err(e) => Read_::Failed(e),
+    };
+    let _ = full.send(msg);
+}
+
+/// [`write_from_reader`] in the browser: one window, read then copied in turn (no threads).
+#[cfg(web)]
+pub fn write_from_reader<R: Source + ?Sized, P: FnMut(Progress)>(
+    alloc: &dyn DeviceAllocator,
+    dst: DevicePtr,
+    len: usize,
+    index: DeviceIndex,
+    reader: &mut R,
+    mut options: StreamOptions<P>,
+) -> Result<u64> {
+    let mut fill = Fill::start(alloc, dst, len, index, &options)?;
+    let mut buf = vec![0u8; fill.chunk];
+    loop {
+        let want = fill.room().min(buf.len() as u64) as usize;
+        let n = read_full(reader, &mut buf[..want]).map_err(|e| fill.read_failed(e))?;
+        if n > 0 {
+            fill.land(alloc.copy_host_to_device(fill.at()?, &buf[..n], index), n, &mut options.progress)?;
+        }
+        if n < want || want == 0 {
+            break;
+        }
+    }
+    if fill.room() == 0 && read_full(reader, &mut [0u8; 1]).map_err(|e| fill.read_failed(e))? > 0 {
+        // Full, and one byte more: the source is longer than the range.
+        return Err(fill.too_long());
+    }
+    fill.finish(&mut options.progress)
+}
+
+/// Reads until `buf` is full or the reader ends; the bytes read (fewer only at the end).
+fn read_full<R: Read + ?Sized>(reader: &mut R, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match reader.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
