@@ -136,6 +136,15 @@ pub trait DeviceAllocator: WasmNotSendSync {
         Ok(())
     }
 
+    /// Bytes from `ptr` to the end of the live allocation it lies in on device `index` (0 at
+    /// its very end): how far a copy that starts at `ptr` may run, for a caller that has an
+    /// address but not its allocation's size (the browser's `writeFromStream`). A pointer in no
+    /// live allocation is the error a copy from it would get. Default: [`Error::NotSupported`].
+    fn bytes_after(&self, ptr: DevicePtr, index: DeviceIndex) -> Result<usize> {
+        let _ = (ptr, index);
+        Err(not_implemented(self.device_type(), "bytes_after"))
+    }
+
     /// How many devices of its type this allocator serves (indices `0..device_count()`).
     fn device_count(&self) -> usize {
         1

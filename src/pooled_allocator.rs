@@ -288,6 +288,13 @@ impl<T: Pooled> DeviceAllocator for T {
         pool.block_at(ptr, len64(nbytes)).map(drop).map_err(|e| self.pooled().foreign(index, ptr, e))
     }
 
+    fn bytes_after(&self, ptr: DevicePtr, index: DeviceIndex) -> Result<usize> {
+        let pool = self.pooled().pool(index)?;
+        let r = pool.block_at(ptr, 0).map_err(|e| self.pooled().foreign(index, ptr, e))?;
+        // An allocation's size came in as a usize.
+        Ok(usize::try_from(r.available).unwrap_or(usize::MAX))
+    }
+
     fn device_count(&self) -> usize {
         self.pooled().pools.len()
     }

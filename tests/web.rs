@@ -63,11 +63,30 @@ mod webgpu {
     async fn model_check_tiny() {
         conformance::model::model_check_seeded(webgpu_tiny, 6).await;
     }
+
+    #[wasm_bindgen_test]
+    async fn readable_streams() {
+        let check = conformance::browser_stream::readable_streams;
+        conformance::on_every_device("readable_streams", webgpu, conformance::Need::Always, check).await;
+    }
+
+    #[wasm_bindgen_test]
+    async fn half_a_gib_with_memory_flat() {
+        let check = conformance::browser_stream::half_a_gib_with_memory_flat;
+        conformance::on_every_device("half_a_gib_with_memory_flat", webgpu, conformance::Need::Always, check)
+            .await;
+    }
 }
 
 mod host {
     use super::*;
     conformance_tests!(host, conformance::Need::Always, conformance::Caching::On);
+
+    #[wasm_bindgen_test]
+    async fn readable_streams() {
+        let check = conformance::browser_stream::readable_streams;
+        conformance::on_every_device("readable_streams", host, conformance::Need::Always, check).await;
+    }
 }
 
 async fn open() -> &'static WgpuAllocator {

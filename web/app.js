@@ -57,10 +57,23 @@ async function roundTrip(dv) {
   const raggedOk = expect.every((v, i) => bytes[i] === v);
   let errorOk = false;
   try { dv.deallocate(ptr); } catch (e) { errorOk = /invalid pointer/.test(e.message); }
-  results.roundTrip = floatsOk && raggedOk && errorOk;
+  // A weights file's way in: a fetch body streamed onto the device (a Response's body here),
+  // one byte short of the allocation; a stream one byte too long is refused at the range's end.
+  const sp = dv.allocate(raw.length + 1);
+  let calls = 0, lastDone = 0;
+  const wrote = await dv.writeFromStream(sp, new Response(raw).body, (done) => { calls++; lastDone = done; });
+  const sback = await dv.read(sp, raw.length);
+  let longOk = false;
+  try { await dv.writeFromStream(sp, new Response(new Uint8Array(raw.length + 2)).body); } catch (e) { longOk = /landed/.test(e.message); }
+  let typeOk = false;
+  try { dv.writeFromStream(sp, raw); } catch (e) { typeOk = /ReadableStream/.test(e.message); }
+  dv.deallocate(sp);
+  const streamOk = wrote === raw.length && lastDone === raw.length && calls > 0 && sback.every((v, i) => v === raw[i]) && longOk && typeOk;
+  results.stream = { wrote, calls };
+  results.roundTrip = floatsOk && raggedOk && errorOk && streamOk;
   $("roundtrip").innerHTML = results.roundTrip
-    ? `<span class="ok">verified</span>: ${n} floats written and read back, a ragged 5-byte write at offset 3 kept its neighbours, a double free was refused with an exception`
-    : `<span class="bad">FAILED</span> (floats ${floatsOk}, ragged ${raggedOk}, double free refused ${errorOk})`;
+    ? `<span class="ok">verified</span>: ${n} floats written and read back, a ragged 5-byte write at offset 3 kept its neighbours, a double free was refused with an exception, ${raw.length} bytes streamed from a fetch body (writeFromStream) and read back`
+    : `<span class="bad">FAILED</span> (floats ${floatsOk}, ragged ${raggedOk}, double free refused ${errorOk}, stream ${streamOk})`;
 }
 
 const best = (methods) => methods.filter((m) => !m.ours).reduce((a, b) => (b.ms < a.ms ? b : a));

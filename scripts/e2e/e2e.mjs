@@ -318,6 +318,8 @@ try {
 
 check("the page finished without an error", results.ok && !results.error);
 check("the round trip was verified", results.roundTrip);
+const streamed = results.stream || {};
+check(`writeFromStream streamed a fetch body onto the device (${streamed.wrote} bytes, ${streamed.calls} progress calls)`, streamed.wrote > 0 && streamed.calls > 0);
 check(`backend is ${expectBackend}`, results.backend === expectBackend);
 const hostile = results.hostile || [];
 check(`every hostile JS argument was refused with an exception in JS's words (${hostile.length} cases)`, hostile.length > 15 && hostile.every((h) => h.ok));

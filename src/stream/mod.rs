@@ -1,7 +1,26 @@
 //! Streamed copies: a range of device memory filled from a reader ([`write_from_reader`]) or
 //! from a stream of byte chunks ([`write_from_stream`]) through a host window of bounded size,
 //! whatever the data's size. Built on the contract's copies, so every allocator has them.
-//! The reader's side (a thread reading ahead, natively) is in `reader.rs`.
+//! The reader's side (a thread reading ahead, natively) is in `reader.rs`; the browser's
+//! `ReadableStream` (a `fetch` body) in `web.rs`.
+//!
+//! ```
+//! use devalloc::stream::{write_from_reader, StreamOptions};
+//! use devalloc::{DeviceAllocator, HostAllocator, DEFAULT_ALIGNMENT};
+//!
+//! let alloc = HostAllocator::new();
+//! let weights = vec![7u8; 3 << 20]; // a file, a socket, a decompressor: any `Read`
+//! let ptr = alloc.allocate(weights.len(), 0, DEFAULT_ALIGNMENT)?;
+//! let mut last = 0;
+//! let options = StreamOptions::new().window(1 << 20).on_progress(|p| last = p.done);
+//! let n = write_from_reader(&alloc, ptr, weights.len(), 0, &mut &weights[..], options)?;
+//! assert_eq!((n, last), (3 << 20, 3 << 20));
+//! // One byte too many: an error once the range is full, and nothing past it written.
+//! let longer = vec![7u8; (3 << 20) + 1];
+//! let e = write_from_reader(&alloc, ptr, weights.len(), 0, &mut &longer[..], StreamOptions::new());
+//! assert!(matches!(e, Err(devalloc::Error::Stream { landed, .. }) if landed == 3 << 20));
+//! # Ok::<(), devalloc::Error>(())
+//! ```
 
 use std::pin::Pin;
 
@@ -14,6 +33,10 @@ use crate::ptr::DevicePtr;
 
 mod reader;
 pub use reader::{write_from_reader, Source};
+#[cfg(web)]
+mod web;
+#[cfg(web)]
+pub use web::write_from_readable_stream;
 
 /// The host memory a streamed copy holds by default, beyond what the backend stages: 8 MiB.
 pub const DEFAULT_WINDOW: usize = 8 << 20;
@@ -111,7 +134,10 @@ where
     let mut fill = Fill::start(alloc, dst, len, index, &options)?;
     let mut buf: Vec<u8> = Vec::new();
     while let Some(item) = std::future::poll_fn(|cx| Pin::new(&mut stream).poll_next(cx)).await {
-        let chunk = item.map_err(|e| fill.stopped("the stream failed", Some(e.into())))?;
+        let chunk = item.map_err(|e| {
+            let e: BackendSource = e.into();
+            fill.stopped(&format!("the stream failed: {e}"), Some(e))
+        })?;
         let mut bytes = chunk.as_ref();
         while !bytes.is_empty() {
             let room = fill.room() - buf.len() as u64;

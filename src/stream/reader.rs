@@ -167,4 +167,3 @@ fn read_full<R: Read + ?Sized>(reader: &mut R, buf: &mut [u8]) -> std::io::Resul
     }
     Ok(n)
 }
-

@@ -17,6 +17,8 @@ pub mod bindings;
 pub mod browser_loss;
 #[cfg(target_arch = "wasm32")]
 pub mod browser_oom;
+#[cfg(target_arch = "wasm32")]
+pub mod browser_stream;
 pub mod checks;
 #[cfg(not(target_arch = "wasm32"))]
 #[path = "../../examples/support/logging.rs"]

@@ -60,6 +60,10 @@ pub async fn streaming(a: &'static dyn DeviceAllocator, i: DeviceIndex) {
     let mut expect = before.clone();
     expect[off..off + len].copy_from_slice(&data);
 
+    // How far a copy from an address may run (what the browser's writeFromStream fills).
+    assert_eq!(a.bytes_after(dst, i).unwrap(), size - off);
+    assert_eq!(a.bytes_after(ptr.offset(size).unwrap(), i).unwrap(), 0);
+    assert!(matches!(a.bytes_after(DevicePtr::NULL, i), Err(Error::InvalidPointer { .. })));
     // Whole, in chunks of 0, 1, 3 and 4097 bytes; progress rises to the total.
     let mut seen: Vec<Progress> = Vec::new();
     let options = StreamOptions::new().window(WINDOW).on_progress(|p| seen.push(p));
@@ -144,6 +148,7 @@ pub async fn streaming(a: &'static dyn DeviceAllocator, i: DeviceIndex) {
     // A freed range is refused before the source is read.
     let freed = write_from_stream(a, dst, 8, i, &mut untouched, StreamOptions::new()).await;
     assert!(matches!(freed, Err(Error::InvalidPointer { .. })), "{freed:?}");
+    assert!(matches!(a.bytes_after(dst, i), Err(Error::InvalidPointer { .. })));
     assert_eq!(read(a, other, 64, i).await, [7u8; 64], "another allocation changed");
     a.deallocate(other, i).unwrap();
 }

@@ -312,6 +312,68 @@ impl Devalloc {
         self.write(ptr, bytemuck::cast_slice(&data).to_vec())
     }
 
+    /// Streams a `ReadableStream` of `Uint8Array` chunks (a `fetch` body) to the device from
+    /// `ptr`, through a window of a few MiB (the module's memory does not grow with the data);
+    /// resolves to the number of bytes written. The stream may fill the allocation from `ptr`
+    /// to its end, no more: a longer one rejects once the range is full, with nothing past it
+    /// written. `onProgress(done, total)` (optional) is called as each window lands. `total`
+    /// (optional: the response's `Content-Length`) is the bytes the stream holds: one that
+    /// cannot fit is refused before anything is read, one that ends short of it rejects, and
+    /// `onProgress` gets it (else `undefined`). A stream that errors rejects with how many
+    /// bytes landed; the stream is cancelled whenever the copy stops early.
+    #[wasm_bindgen(js_name = writeFromStream)]
+    pub fn write_from_stream(
+        &self,
+        ptr: JsValue,
+        stream: JsValue,
+        on_progress: JsValue,
+        total: JsValue,
+    ) -> Result<Promise, JsValue> {
+        let (a, ptr) = (self.alloc, address(&ptr, "ptr")?);
+        let stream = stream.dyn_into::<web_sys::ReadableStream>().map_err(|v| {
+            args::error(format!(
+                "stream must be a ReadableStream (a fetch body: response.body), got {}",
+                describe(&v)
+            ))
+        })?;
+        let progress = if on_progress.is_undefined() || on_progress.is_null() {
+            None
+        } else {
+            Some(on_progress.dyn_into::<js_sys::Function>().map_err(|v| {
+                args::error(format!(
+                    "onProgress must be a function (done, total) or omitted, got {}",
+                    describe(&v)
+                ))
+            })?)
+        };
+        let total = if total.is_undefined() || total.is_null() {
+            None
+        } else {
+            Some(count(&total, "total", "bytes")?)
+        };
+        let room = a.bytes_after(ptr, 0).map_err(js)?;
+        Ok(future_to_promise(async move {
+            let report = |p: devalloc::Progress| {
+                if let Some(f) = &progress {
+                    let total = p.total.map_or(JsValue::UNDEFINED, |t| JsValue::from(t as f64));
+                    if let Err(e) = f.call2(&JsValue::UNDEFINED, &JsValue::from(p.done as f64), &total) {
+                        log::warn!("devalloc: writeFromStream's onProgress threw: {}", describe(&e));
+                    }
+                }
+            };
+            let options = devalloc::StreamOptions::new().allow_short();
+            let options = match total {
+                Some(t) => options.total(t as u64),
+                None => options,
+            }
+            .on_progress(report);
+            let n = devalloc::stream::write_from_readable_stream(a, ptr, room, 0, stream, options)
+                .await
+                .map_err(js)?;
+            Ok(JsValue::from(n as f64))
+        }))
+    }
+
     /// Reads `len` bytes at `ptr`; resolves to a `Uint8Array`.
     pub fn read(&self, ptr: JsValue, len: JsValue) -> Result<Promise, JsValue> {
         let (a, ptr, len) = (self.alloc, address(&ptr, "ptr")?, count(&len, "len", "bytes")?);
