@@ -134,10 +134,15 @@ where
     let mut fill = Fill::start(alloc, dst, len, index, &options)?;
     let mut buf: Vec<u8> = Vec::new();
     while let Some(item) = std::future::poll_fn(|cx| Pin::new(&mut stream).poll_next(cx)).await {
-        let chunk = item.map_err(|e| {
-            let e: BackendSource = e.into();
-            fill.stopped(&format!("the stream failed: {e}"), Some(e))
-        })?;
+        let chunk = match item {
+            Ok(chunk) => chunk,
+            Err(e) => {
+                // What the stream gave before it failed lands, as from a reader.
+                flush(alloc, &mut fill, &mut buf, index, &mut options.progress).await?;
+                let e: BackendSource = e.into();
+                return Err(fill.stopped(&format!("the stream failed: {e}"), Some(e)));
+            }
+        };
         let mut bytes = chunk.as_ref();
         while !bytes.is_empty() {
             let room = fill.room() - buf.len() as u64;
@@ -209,18 +214,17 @@ impl Fill {
         if options.window == 0 {
             return Err(Error::invalid_argument("a streamed copy's window must be at least 1 byte"));
         }
-        if len > 0 {
-            alloc.check_range(dst, len, index)?;
-        }
+        // For 0 bytes only the device index is looked at (the pointer is not, as for a copy).
+        alloc.check_range(dst, len, index)?;
         let expected = match (options.total, options.short_ok) {
             (Some(t), _) => Some(t),
             (None, true) => None,
             (None, false) => Some(len as u64),
         };
         let device = Device::new(alloc.device_type(), index);
-        let fill =
+        let mut fill =
             Fill { dst, len: len as u64, device, done: 0, expected, chunk: options.window.min(len.max(1)) };
-        match expected {
+        let r = match expected {
             Some(t) if t > fill.len => Err(fill.stopped(
                 &format!("the source holds {t} bytes, more than the range (nothing was written)"),
                 None,
@@ -231,8 +235,11 @@ impl Fill {
                 ),
                 None,
             )),
-            _ => Ok(fill),
-        }
+            _ => Ok(()),
+        };
+        // A source of a known total fills that much of the range: a byte more is too long.
+        fill.len = expected.unwrap_or(fill.len);
+        r.map(|()| fill)
     }
 
     /// Bytes the range has left.
@@ -261,7 +268,12 @@ impl Fill {
     }
 
     fn too_long(&self) -> Error {
-        self.stopped("the source has more bytes than the range holds (nothing past it was written)", None)
+        let what = if self.expected == Some(self.len) {
+            "the range holds, or than its stated total"
+        } else {
+            "the range holds"
+        };
+        self.stopped(&format!("the source has more bytes than {what} (nothing past them was written)"), None)
     }
 
     /// The end: the source must have held what was expected.

@@ -32,6 +32,11 @@ impl<T: Read + ?Sized> Source for T {}
 /// A reader that fails, ends early, or holds more than the range, and a copy that fails
 /// part-way, are an [`Error::Stream`] saying how many bytes landed; nothing past the range is
 /// ever written, and every other allocation is untouched.
+///
+/// Once the range is full it reads once more, to tell a longer source: a source that stays
+/// open after its last byte (a socket kept alive) holds the call until it ends or fails; give
+/// it `reader.take(len)` to stop at the range. A copy that fails returns once the read under
+/// way (if any) returns.
 #[cfg(native)]
 pub fn write_from_reader<R: Source + ?Sized, P: FnMut(Progress)>(
     alloc: &dyn DeviceAllocator,
@@ -52,7 +57,7 @@ pub fn write_from_reader<R: Source + ?Sized, P: FnMut(Progress)>(
     }
     let len = fill.len;
     std::thread::scope(|scope| {
-        scope.spawn(move || read_ahead(reader, len, empty_rx, full_tx));
+        let reading = scope.spawn(move || read_ahead(reader, len, empty_rx, full_tx));
         let r = loop {
             match full_rx.recv() {
                 Ok(Read_::Data(buf, n)) => {
@@ -68,8 +73,12 @@ pub fn write_from_reader<R: Source + ?Sized, P: FnMut(Progress)>(
                 Ok(Read_::End) | Err(_) => break Ok(()),
             }
         };
-        // Dropping the channels stops the reader at its next send.
+        // Dropping the channels stops the reader at its next send (a read under way ends first).
         drop((full_rx, empty_tx));
+        if let Err(panic) = reading.join() {
+            // The reader panicked: the caller sees its panic, not the scope's.
+            std::panic::resume_unwind(panic);
+        }
         r
     })?;
     fill.finish(&mut options.progress)
@@ -102,13 +111,16 @@ fn read_ahead<R: Read + ?Sized>(
         let Ok(mut buf) = empty.recv() else { return };
         let want = (len - read).min(buf.len() as u64) as usize;
         let (msg, more) = match read_full(reader, &mut buf[..want]) {
+            // The end, on a window's edge: nothing to copy.
+            Ok(0) => (Read_::End, false),
             Ok(n) => {
                 read += n as u64;
                 (Read_::Data(buf, n), n == want)
             }
             Err(e) => (Read_::Failed(e), false),
         };
-        if full.send(msg).is_err() {
+        let ended = matches!(msg, Read_::End);
+        if full.send(msg).is_err() || ended {
             return;
         }
         if !more {
@@ -160,6 +172,14 @@ fn read_full<R: Read + ?Sized>(reader: &mut R, buf: &mut [u8]) -> std::io::Resul
     while n < buf.len() {
         match reader.read(&mut buf[n..]) {
             Ok(0) => break,
+            // A `Read` that claims more than it was given (a broken one): its bytes cannot be
+            // trusted, and counting them would run past the buffer.
+            Ok(k) if k > buf.len() - n => {
+                return Err(std::io::Error::new(
+                    ErrorKind::InvalidData,
+                    format!("the reader said it read {k} bytes into a buffer of {}", buf.len() - n),
+                ))
+            }
             Ok(k) => n += k,
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(e) => return Err(e),

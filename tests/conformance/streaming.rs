@@ -105,21 +105,34 @@ pub async fn streaming(a: &'static dyn DeviceAllocator, i: DeviceIndex) {
     let options = StreamOptions::new().allow_short();
     assert_eq!(write_from_stream(a, dst, len, i, chunks(&data[..3000], &[1]), options).await.unwrap(), 3000);
 
-    // A stream that fails half-way: what landed is whole windows, the error is the stream's.
+    // A stream that fails half-way: what it gave before lands, the error is the stream's.
     h2d(a, ptr, &before, i).await.unwrap();
     let mut failing = chunks(&data[..2500], &[500]);
     failing.0.push_back(Err(io::Error::other("the network went away")));
     failing.0.push_back(Ok(data[2500..].to_vec()));
     match write_from_stream(a, dst, len, i, failing, StreamOptions::new().window(WINDOW)).await {
         Err(e @ Error::Stream { landed, .. }) => {
-            assert_eq!(landed, 2002, "two whole windows land before the failure: {e}");
+            assert_eq!(landed, 2500, "what the stream gave lands before the failure: {e}");
             let source = std::error::Error::source(&e).expect("the stream's error is the source");
             assert!(source.to_string().contains("the network went away"), "{source}");
         }
         other => panic!("a failing stream: {other:?}"),
     }
     let got = read(a, ptr, size, i).await;
-    assert!(got[off..off + 2002] == data[..2002] && got[off + 2002..] == before[off + 2002..]);
+    assert!(got[off..off + 2500] == data[..2500] && got[off + 2500..] == before[off + 2500..]);
+
+    // A stream that fails after giving everything: what it gave lands (as from a reader).
+    h2d(a, ptr, &before, i).await.unwrap();
+    let mut failing = chunks(&data, &[400]);
+    failing.0.push_back(Err(io::Error::other("late")));
+    let r = write_from_stream(a, dst, len, i, failing, StreamOptions::new().window(WINDOW)).await;
+    assert_eq!(stream_error(r, "a stream failing at its end").0, len as u64);
+    assert!(read(a, ptr, size, i).await == expect);
+    // A known total with allow_short: exactly that many, no more.
+    let options = StreamOptions::new().total(100).allow_short();
+    let r = write_from_stream(a, dst, len, i, chunks(&data[..101], &[7]), options).await;
+    let (landed, expected, reason) = stream_error(r, "one byte past a stated total");
+    assert_eq!((landed, expected), (100, 100), "{reason}");
 
     // Bad ranges and windows are refused before the source is touched.
     let mut untouched = chunks(&data, &[10]);
@@ -134,6 +147,9 @@ pub async fn streaming(a: &'static dyn DeviceAllocator, i: DeviceIndex) {
         0
     );
     assert!(write_from_stream(a, dst, 0, i, chunks(&[1], &[1]), StreamOptions::new()).await.is_err());
+    let bad_index =
+        write_from_stream(a, DevicePtr::NULL, 0, 99, chunks(&[], &[1]), StreamOptions::new()).await;
+    assert!(matches!(bad_index, Err(Error::NoSuchDevice { .. })), "{bad_index:?}");
     if let Some(stats) = stats {
         assert_eq!(
             a.stats(i).unwrap().allocated_bytes,
@@ -197,6 +213,25 @@ async fn from_a_reader(a: &'static dyn DeviceAllocator, i: DeviceIndex, ptr: Dev
     let mut cursor = io::Cursor::new(&long);
     let r = write_from_reader(a, ptr, size, i, &mut cursor, StreamOptions::new().total(long.len() as u64));
     assert_eq!((stream_error(r, "a known-long reader").0, cursor.position()), (0, 0));
+    // A broken reader that claims more bytes than it was given: an error, never a byte past.
+    struct Liar(usize);
+    impl Read for Liar {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            self.0 += 1;
+            buf.fill(self.0 as u8);
+            Ok(if self.0 == 2 { buf.len() + 1 } else { buf.len() })
+        }
+    }
+    h2d(a, ptr, before, i).await.unwrap();
+    let r = write_from_reader(a, ptr.offset(16).unwrap(), 7, i, &mut Liar(0), StreamOptions::new().window(8));
+    assert!(stream_error(r, "a lying reader").2.contains("said it read"));
+    assert!(read(a, ptr, size, i).await[23..] == before[23..], "a lying reader's byte landed past the range");
+    // A reader ending on a window's edge: no progress call repeats.
+    let mut seen = Vec::new();
+    let options = StreamOptions::new().window(10).allow_short().on_progress(|p| seen.push(p.done));
+    write_from_reader(a, ptr, 100, i, &mut &data[..5], options).unwrap();
+    assert_eq!(seen, [5]);
+
     // Through the RAII buffer, from an offset to its end.
     let mut buf = devalloc::DeviceMemoryBuffer::create_on(a, 3000, i, DEFAULT_ALIGNMENT).unwrap();
     let n = buf.write_from_reader(1000, &mut io::Cursor::new(&data[..2000]), StreamOptions::new()).unwrap();

@@ -2,7 +2,7 @@
 //! after some bytes (as a driver reset would, mid-load). The stream stops with `Error::Stream`,
 //! whole windows landed before it, the device's `DeviceLost` as its source; no panic, no hang;
 //! the allocator's bookkeeping still works. On Vulkan (lavapipe) and GL (llvmpipe), on both
-//! routes where the adapter has them.
+//! routes where the adapter has them. And a reader that panics.
 
 use std::io::Read;
 
@@ -91,4 +91,25 @@ fn futures_core_stream(
         }
     }
     It(chunks.into_iter())
+}
+
+/// A reader that panics (on the reading thread) panics the caller with its own message, and
+/// the allocator stays usable.
+#[test]
+fn a_reader_that_panics_panics_the_caller_with_its_own_message() {
+    struct Panics;
+    impl Read for Panics {
+        fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {
+            panic!("the reader's own panic");
+        }
+    }
+    let a = devalloc::HostAllocator::new();
+    let ptr = a.allocate(64, 0, DEFAULT_ALIGNMENT).unwrap();
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        write_from_reader(&a, ptr, 64, 0, &mut Panics, StreamOptions::new())
+    }));
+    let payload = caught.expect_err("the reader's panic reaches the caller");
+    assert_eq!(payload.downcast_ref::<&str>(), Some(&"the reader's own panic"));
+    a.copy_host_to_device(ptr, &[1u8; 64], 0).unwrap();
+    a.deallocate(ptr, 0).unwrap();
 }
