@@ -9,21 +9,41 @@ use crate::registry::DeviceAllocatorRegistry;
 /// enabled GPU backends that find a device), and says for each what happened. Types that
 /// already have an allocator are left as they are.
 pub fn register_available(registry: &DeviceAllocatorRegistry) -> Vec<Registration> {
-    let mut report = Vec::new();
-    let making = registry.making();
-    if registry.get_allocator(DeviceType::Cpu).is_some() {
-        report.push(Registration {
-            device_type: DeviceType::Cpu,
-            outcome: RegistrationOutcome::AlreadyRegistered,
-        });
-    } else {
-        let host: &'static HostAllocator = Box::leak(Box::new(HostAllocator::new()));
-        report.push(Registration::made(registry, DeviceType::Cpu, Ok(host)));
-    }
-    drop(making);
+    let mut report = host_only(registry);
     report.extend(wgpu_backends(registry));
     report.push(cuda(registry));
     report
+}
+
+/// [`register_available`] for the browser (and everywhere async): host memory, then the
+/// browser's WebGPU, falling back to WebGL2 where WebGPU has no adapter and devalloc was built
+/// with `webgl` (see `devalloc::wgpu::register_browser_backends`); natively it is
+/// [`register_available`]. Says for each what happened.
+pub async fn register_available_async(registry: &DeviceAllocatorRegistry) -> Vec<Registration> {
+    #[cfg(all(feature = "wgpu", web))]
+    {
+        let mut report = host_only(registry);
+        let options = crate::wgpu::WgpuOptions::default();
+        report.extend(crate::wgpu::register_browser_backends(registry, &options).await);
+        report
+    }
+    #[cfg(not(all(feature = "wgpu", web)))]
+    {
+        register_available(registry)
+    }
+}
+
+/// Registers host memory (once).
+fn host_only(registry: &DeviceAllocatorRegistry) -> Vec<Registration> {
+    let _making = registry.making();
+    if registry.get_allocator(DeviceType::Cpu).is_some() {
+        return vec![Registration {
+            device_type: DeviceType::Cpu,
+            outcome: RegistrationOutcome::AlreadyRegistered,
+        }];
+    }
+    let host: &'static HostAllocator = Box::leak(Box::new(HostAllocator::new()));
+    vec![Registration::made(registry, DeviceType::Cpu, Ok(host))]
 }
 
 #[cfg(all(feature = "cuda", native))]

@@ -156,7 +156,7 @@ pub mod wgpu;
 pub use allocator::{BoxFuture, DeviceAllocator, WasmNotSendSync, DEFAULT_ALIGNMENT};
 pub use buffer::DeviceMemoryBuffer;
 pub use device::{Device, DeviceIndex, DeviceType};
-pub use discover::register_available;
+pub use discover::{register_available, register_available_async};
 pub use error::{BackendSource, Error, PointerProblem, Result};
 pub use host::HostAllocator;
 pub use planned::{PlanLayout, PlannedMemory, PlannedTensor};

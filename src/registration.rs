@@ -35,6 +35,11 @@ pub enum RegistrationOutcome {
         /// The cargo feature to enable.
         feature: &'static str,
     },
+    /// Not tried, and why: a fallback whose first choice opened (WebGL2 once WebGPU did).
+    NotTried {
+        /// Why it was not tried.
+        because: String,
+    },
 }
 
 impl Registration {
@@ -73,6 +78,7 @@ impl fmt::Display for Registration {
             RegistrationOutcome::NotBuilt { feature } => {
                 write!(f, "{t}: not built (enable the `{feature}` feature)")
             }
+            RegistrationOutcome::NotTried { because } => write!(f, "{t}: not tried: {because}"),
         }
     }
 }

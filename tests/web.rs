@@ -315,3 +315,24 @@ fn the_planner_runs_in_the_browser() {
         assert!(p.size() < naive, "{name}: no reuse");
     }
 }
+
+/// The one call in: host memory and the browser's WebGPU registered, WebGL2 not built here
+/// (this suite is built without `webgl`), each said; a second call finds them registered.
+#[wasm_bindgen_test]
+async fn register_available_async_opens_webgpu_and_says_what_it_did() {
+    use devalloc::{DeviceAllocatorRegistry, DeviceType, RegistrationOutcome};
+    let registry: &'static DeviceAllocatorRegistry = Box::leak(Box::new(DeviceAllocatorRegistry::new()));
+    let report = devalloc::register_available_async(registry).await;
+    let said: Vec<String> = report.iter().map(|r| r.to_string()).collect();
+    let types: Vec<DeviceType> = report.iter().map(|r| r.device_type).collect();
+    assert_eq!(types, [DeviceType::Cpu, DeviceType::WebGpu, DeviceType::Gl], "{said:?}");
+    assert!(report[0].is_registered() && report[1].is_registered(), "{said:?}");
+    assert!(matches!(report[2].outcome, RegistrationOutcome::NotBuilt { feature: "webgl" }), "{said:?}");
+    let gpu = registry.get::<WgpuAllocator>(DeviceType::WebGpu).expect("registered");
+    assert!(gpu.supports_compute(0).unwrap(), "WebGPU always runs compute shaders");
+    let again = devalloc::register_available_async(registry).await;
+    assert!(
+        again[..2].iter().all(|r| matches!(r.outcome, RegistrationOutcome::AlreadyRegistered)),
+        "{again:?}"
+    );
+}

@@ -243,3 +243,28 @@ mod context_lost {
         loss::taken_away_during_copies(open, lose_context, "WebGL2, loseContext()").await;
     }
 }
+
+/// WebGL2 has no compute shaders, and says so before a pipeline would fail.
+#[wasm_bindgen_test]
+async fn supports_compute_is_false_on_webgl2() {
+    let a = adopt(WgpuOptions::default()).await.unwrap();
+    assert!(!a.supports_compute(0).unwrap());
+}
+
+/// The one call in, built with `webgl`: exactly one of WebGPU and WebGL2 is registered (WebGPU
+/// where this browser offers it, WebGL2 otherwise), and the other says why not.
+#[wasm_bindgen_test]
+async fn register_available_async_opens_one_gpu_backend() {
+    use devalloc::{DeviceAllocatorRegistry, DeviceType, RegistrationOutcome};
+    let registry: &'static DeviceAllocatorRegistry = Box::leak(Box::new(DeviceAllocatorRegistry::new()));
+    let report = devalloc::register_available_async(registry).await;
+    let said: Vec<String> = report.iter().map(|r| r.to_string()).collect();
+    let (webgpu, gl) = (&report[1], &report[2]);
+    assert_eq!((webgpu.device_type, gl.device_type), (DeviceType::WebGpu, DeviceType::Gl), "{said:?}");
+    if webgpu.is_registered() {
+        assert!(matches!(gl.outcome, RegistrationOutcome::NotTried { .. }), "{said:?}");
+    } else {
+        assert!(matches!(webgpu.outcome, RegistrationOutcome::Unavailable(_)), "{said:?}");
+        assert!(gl.is_registered(), "{said:?}");
+    }
+}

@@ -30,7 +30,7 @@ impl<T: Read + ?Sized> Source for T {}
 ///
 /// The range is checked first: a bad pointer or range is its own error, and nothing is read.
 /// A reader that fails, ends early, or holds more than the range, and a copy that fails
-/// part-way, are an [`Error::Stream`] saying how many bytes landed; nothing past the range is
+/// part-way, are an [`crate::Error::Stream`] saying how many bytes landed; nothing past the range is
 /// ever written, and every other allocation is untouched.
 ///
 /// Once the range is full it reads once more, to tell a longer source: a source that stays

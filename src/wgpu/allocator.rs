@@ -211,6 +211,16 @@ impl WgpuAllocator {
         Ok(&self.0.pool(index)?.storage().gpu.info)
     }
 
+    /// Whether device `index` runs compute shaders: false on WebGL2 (and GL contexts without
+    /// compute), where creating a compute pipeline would fail. Read from the device's own
+    /// limits (a device without compute has no compute workgroups), so it also answers for a
+    /// device the app opened with limits that leave compute out.
+    pub fn supports_compute(&self, index: DeviceIndex) -> Result<bool> {
+        let limits = self.device(index)?.limits();
+        Ok(limits.max_compute_workgroups_per_dimension > 0
+            && limits.max_compute_invocations_per_workgroup > 0)
+    }
+
     /// The route host<->device copies take on device `index`.
     pub fn route(&self, index: DeviceIndex) -> Result<Route> {
         Ok(self.0.pool(index)?.storage().route)

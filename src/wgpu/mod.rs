@@ -169,6 +169,44 @@ pub fn register_backends(registry: &DeviceAllocatorRegistry, options: &WgpuOptio
     report
 }
 
+/// Opens the browser's WebGPU and, where it has no adapter and devalloc was built with
+/// `webgl`, WebGL2 (wgpu's GL backend) instead; registers the one that opened into `registry`
+/// and says for each what happened (`NotBuilt`, `Unavailable` with the browser's reason,
+/// `NotTried` for WebGL2 once WebGPU opened). What `register_available` does natively, for the
+/// browser, where adapters can only be opened asynchronously.
+#[cfg(web)]
+pub async fn register_browser_backends(
+    registry: &DeviceAllocatorRegistry,
+    options: &WgpuOptions,
+) -> Vec<Registration> {
+    let mut report = Vec::new();
+    let mut opened = None;
+    for (backend, feature) in [(wgpu::Backend::BrowserWebGpu, "webgpu"), (wgpu::Backend::Gl, "webgl")] {
+        let Some(device_type) = device_type_of(backend) else { continue };
+        let outcome = if !wgpu::Instance::enabled_backend_features().contains(backend.into()) {
+            RegistrationOutcome::NotBuilt { feature }
+        } else if let Some(first) = opened {
+            let because =
+                format!("{first} opened, and WebGL2 is only the fallback where WebGPU has no adapter");
+            RegistrationOutcome::NotTried { because }
+        } else if registry.get_allocator(device_type).is_some() {
+            RegistrationOutcome::AlreadyRegistered
+        } else {
+            // No lock across the wait: where another caller registers meanwhile, `made` says
+            // AlreadyRegistered and this one's allocator is dropped.
+            let made = WgpuAllocator::with_options_async(backend, options.clone()).await;
+            let made = made.map(|a| Box::leak(Box::new(a)) as &'static dyn DeviceAllocator);
+            Registration::made(registry, device_type, made).outcome
+        };
+        if matches!(outcome, RegistrationOutcome::Registered { .. } | RegistrationOutcome::AlreadyRegistered)
+        {
+            opened = Some(device_type);
+        }
+        report.push(Registration { device_type, outcome });
+    }
+    report
+}
+
 #[cfg(all(test, native))]
 mod assertions {
     static_assertions::assert_impl_all!(super::WgpuAllocator: Send, Sync);

@@ -179,6 +179,23 @@ fn lowered_device_limits_refuse_big_buffers_up_front() {
     a.deallocate(p, 0).unwrap();
 }
 
+/// Compute where the device has it (Vulkan, llvmpipe's GL 4.5), and not on a device whose
+/// limits leave it out (WebGL2's, as a browser app on WebGL2 gets).
+#[test]
+fn supports_compute_follows_the_devices_limits() {
+    for b in [wgpu::Backend::Vulkan, wgpu::Backend::Gl] {
+        let Some(full) = backend(b, WgpuOptions::default()) else { continue };
+        assert!(full.supports_compute(0).unwrap(), "{b:?}");
+        let limits = wgpu::Limits::downlevel_webgl2_defaults();
+        let Some(webgl2) =
+            backend(b, WgpuOptions { required_limits: Some(limits), ..WgpuOptions::default() })
+        else {
+            continue;
+        };
+        assert!(!webgl2.supports_compute(0).unwrap(), "{b:?} with WebGL2's limits");
+    }
+}
+
 #[test]
 fn cache_reuses_buffers_and_zeroed_allocation_clears_them() {
     let Some(a) = vulkan(WgpuOptions::default()) else { return };

@@ -21,7 +21,9 @@ use std::cell::RefCell;
 use std::sync::Arc;
 
 use devalloc::wgpu::{DeviceLostHandler, WgpuAllocator, WgpuOptions};
-use devalloc::{DeviceAllocator, DeviceAllocatorRegistry, DEFAULT_ALIGNMENT};
+use devalloc::{
+    DeviceAllocator, DeviceAllocatorRegistry, DeviceType, RegistrationOutcome, DEFAULT_ALIGNMENT,
+};
 use js_sys::Promise;
 use serde::Serialize;
 use wasm_bindgen::prelude::*;
@@ -161,30 +163,38 @@ impl Devalloc {
     pub async fn init(on_lost_js: Option<js_sys::Function>) -> Result<Devalloc, JsError> {
         let _ = console_log::init_with_level(log::Level::Info);
         ON_LOST.set(on_lost_js);
-        let mut last: Option<devalloc::Error> = None;
-        for backend in [wgpu::Backend::BrowserWebGpu, wgpu::Backend::Gl] {
-            if !wgpu::Instance::enabled_backend_features().contains(backend.into()) {
-                continue;
-            }
-            let options = WgpuOptions { on_device_lost: Some(on_lost()), ..WgpuOptions::default() };
-            match WgpuAllocator::with_options_async(backend, options).await {
-                Ok(a) => {
-                    let alloc: &'static WgpuAllocator = Box::leak(Box::new(a));
-                    // The page's own wgpu calls (the benchmark's peers): an error is logged,
-                    // never a panic (wgpu's default handler on WebGL2).
-                    alloc.device(0).map_err(|e| JsError::new(&e.to_string()))?.on_uncaptured_error(Arc::new(
-                        |e: wgpu::Error| log::error!("the page's own wgpu call failed: {e}"),
-                    ));
-                    if let Err(e) = DeviceAllocatorRegistry::instance().register_allocator(alloc) {
-                        log::warn!("devalloc: {e}");
-                    }
-                    let fallback = last.map(|e| e.to_string());
-                    return Ok(Devalloc { alloc, fallback });
-                }
-                Err(e) => last = Some(e),
-            }
+        let options = WgpuOptions { on_device_lost: Some(on_lost()), ..WgpuOptions::default() };
+        // devalloc's one call in for the browser: WebGPU, else WebGL2 where built with `webgl`.
+        let registry = DeviceAllocatorRegistry::instance();
+        let report = devalloc::wgpu::register_browser_backends(registry, &options).await;
+        for r in &report {
+            log::info!("devalloc: {r}");
         }
-        Err(JsError::new(&last.map_or("this build has no browser backend".into(), |e| e.to_string())))
+        let opened = report.iter().find(|r| {
+            matches!(
+                r.outcome,
+                RegistrationOutcome::Registered { .. } | RegistrationOutcome::AlreadyRegistered
+            )
+        });
+        let Some(alloc) = opened.and_then(|r| registry.get::<WgpuAllocator>(r.device_type)) else {
+            let why: Vec<String> = report.iter().map(|r| r.to_string()).collect();
+            return Err(JsError::new(&format!("no GPU in this browser: {}", why.join("; "))));
+        };
+        // The page's own wgpu calls (the benchmark's peers): an error is logged, never a panic
+        // (wgpu's default handler on WebGL2).
+        alloc.device(0).map_err(|e| JsError::new(&e.to_string()))?.on_uncaptured_error(Arc::new(
+            |e: wgpu::Error| log::error!("the page's own wgpu call failed: {e}"),
+        ));
+        // Why WebGPU was not used, where the page fell back.
+        let fallback = report.iter().find_map(|r| match &r.outcome {
+            RegistrationOutcome::Unavailable(e)
+                if r.device_type == DeviceType::WebGpu && alloc.device_type() == DeviceType::Gl =>
+            {
+                Some(e.to_string())
+            }
+            _ => None,
+        });
+        Ok(Devalloc { alloc, fallback })
     }
 
     /// "webgpu" or "gl".

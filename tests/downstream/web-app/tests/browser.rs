@@ -2,27 +2,41 @@
 //! per test binary, as devalloc's README shows.
 #![cfg(target_arch = "wasm32")]
 
-use devalloc::{DeviceAllocatorRegistry, DeviceType, Error};
-use devalloc::wgpu::{WgpuAllocator, WgpuOptions};
+use devalloc::{DeviceAllocatorRegistry, DeviceType, Error, RegistrationOutcome};
+use devalloc::wgpu::WgpuAllocator;
 use wasm_bindgen_test::wasm_bindgen_test;
 
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
-/// The test binary's one WebGPU allocator: the first test to ask opens and registers it.
+/// The test binary's one WebGPU allocator: the first test to ask opens and registers it, with
+/// devalloc's one call in for the browser (WebGPU; WebGL2 too where built with `webgl`).
 async fn gpu() -> &'static WgpuAllocator {
     let registry = DeviceAllocatorRegistry::instance();
     if let Some(a) = registry.get::<WgpuAllocator>(DeviceType::WebGpu) {
         return a;
     }
-    let made = WgpuAllocator::with_options_async(devalloc::wgpu::api::Backend::BrowserWebGpu, WgpuOptions::default())
-        .await
-        .expect("the browser offers WebGPU (--enable-unsafe-webgpu)");
-    let made: &'static WgpuAllocator = Box::leak(Box::new(made));
-    match registry.register_allocator(made) {
-        Ok(()) => made,
-        // Another test registered one while this one awaited the adapter: use that one.
-        Err(_) => registry.get::<WgpuAllocator>(DeviceType::WebGpu).expect("registered"),
-    }
+    // Another test may register it while this one awaits the adapter: then the report says
+    // "already registered", and the registry has it all the same.
+    let report = devalloc::register_available_async(registry).await;
+    registry.get::<WgpuAllocator>(DeviceType::WebGpu).unwrap_or_else(|| {
+        let said: Vec<String> = report.iter().map(|r| r.to_string()).collect();
+        panic!("the browser offers WebGPU (--enable-unsafe-webgpu): {}", said.join("; "))
+    })
+}
+
+/// Run by itself in a browser started without WebGPU (scripts/test, `--ignored`): the one
+/// call in registers host memory, and says of WebGPU what the page must do.
+#[wasm_bindgen_test]
+#[ignore = "run by scripts/test in a browser without WebGPU"]
+async fn without_webgpu_the_one_call_names_the_browsers_fix() {
+    let registry: &'static DeviceAllocatorRegistry = Box::leak(Box::new(DeviceAllocatorRegistry::new()));
+    let report = devalloc::register_available_async(registry).await;
+    let said: Vec<String> = report.iter().map(|r| r.to_string()).collect();
+    wasm_bindgen_test::console_log!("without WebGPU: {}", said.join("; "));
+    assert!(report[0].is_registered(), "{said:?}");
+    let webgpu = report.iter().find(|r| r.device_type == DeviceType::WebGpu).expect("WebGPU is reported");
+    assert!(matches!(webgpu.outcome, RegistrationOutcome::Unavailable(_)), "{said:?}");
+    assert!(webgpu.to_string().contains("navigator.gpu"), "the message names what to do: {webgpu}");
 }
 
 #[wasm_bindgen_test]
