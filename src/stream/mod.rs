@@ -200,6 +200,8 @@ struct Fill {
     expected: Option<u64>,
     /// The window: the most bytes copied at once.
     chunk: usize,
+    /// Whether `len` is the caller's stated total rather than the range's length.
+    stated: bool,
 }
 
 impl Fill {
@@ -222,8 +224,9 @@ impl Fill {
             (None, false) => Some(len as u64),
         };
         let device = Device::new(alloc.device_type(), index);
-        let mut fill =
-            Fill { dst, len: len as u64, device, done: 0, expected, chunk: options.window.min(len.max(1)) };
+        let chunk = options.window.min(len.max(1));
+        let stated = options.total.is_some_and(|t| t < len as u64);
+        let mut fill = Fill { dst, len: len as u64, device, done: 0, expected, chunk, stated };
         let r = match expected {
             Some(t) if t > fill.len => Err(fill.stopped(
                 &format!("the source holds {t} bytes, more than the range (nothing was written)"),
@@ -268,11 +271,7 @@ impl Fill {
     }
 
     fn too_long(&self) -> Error {
-        let what = if self.expected == Some(self.len) {
-            "the range holds, or than its stated total"
-        } else {
-            "the range holds"
-        };
+        let what = if self.stated { "its stated total" } else { "the range holds" };
         self.stopped(&format!("the source has more bytes than {what} (nothing past them was written)"), None)
     }
 

@@ -53,11 +53,20 @@ pub fn write_from_reader<R: Source + ?Sized, P: FnMut(Progress)>(
     let (full_tx, full_rx) = sync_channel::<Read_>(2);
     let (empty_tx, empty_rx) = sync_channel::<Vec<u8>>(2);
     for _ in 0..2 {
-        empty_tx.send(vec![0u8; half]).expect("the receiver is here");
+        let mut buf = Vec::new();
+        buf.try_reserve_exact(half).map_err(|e| {
+            fill.stopped(&format!("no host memory for a {half}-byte half of the window: {e}"), None)
+        })?;
+        buf.resize(half, 0);
+        // Room for two: the receiver is here.
+        let _ = empty_tx.send(buf);
     }
     let len = fill.len;
     std::thread::scope(|scope| {
-        let reading = scope.spawn(move || read_ahead(reader, len, empty_rx, full_tx));
+        let reading = std::thread::Builder::new()
+            .name("devalloc stream reader".into())
+            .spawn_scoped(scope, move || read_ahead(reader, len, empty_rx, full_tx))
+            .map_err(|e| fill.stopped(&format!("could not start the reading thread: {e}"), None))?;
         let r = loop {
             match full_rx.recv() {
                 Ok(Read_::Data(buf, n)) => {
