@@ -55,8 +55,7 @@ impl<S: Storage> Pool<S> {
         let Some(h) = guard.as_mut() else { return };
         let kind = match kind {
             EventKind::Alloc { addr, size, capacity, label, from_cache, backtrace: None } if h.backtraces => {
-                let backtrace = Some(std::backtrace::Backtrace::force_capture().to_string());
-                EventKind::Alloc { addr, size, capacity, label, from_cache, backtrace }
+                EventKind::Alloc { addr, size, capacity, label, from_cache, backtrace: backtrace() }
             }
             k => k,
         };
@@ -93,4 +92,17 @@ impl<S: Storage> Pool<S> {
             events: h.events.iter().cloned().collect(),
         })
     }
+}
+
+/// The caller's stack, where the platform can walk it. In wasm it cannot (the standard
+/// library's backtrace there is "unsupported"), and linking it would add its symbol demangler
+/// (about 25 KB) to every page: the event says so instead.
+#[cfg(not(target_arch = "wasm32"))]
+fn backtrace() -> Option<String> {
+    Some(std::backtrace::Backtrace::force_capture().to_string())
+}
+
+#[cfg(target_arch = "wasm32")]
+fn backtrace() -> Option<String> {
+    Some("backtraces are not available in wasm".into())
 }
