@@ -8,6 +8,7 @@ import * as viewer from "./viewer.js";
 import { isPlanCsv, renderPlan, renderPlanCsv, showNoPlan } from "./plan.js";
 import { human, exact, byteTicks, countTicks, decades, decade, trim } from "./format.js";
 import { ask, askCard } from "./ask.js";
+import { loadModel } from "./model.js";
 
 const $ = (id) => document.getElementById(id);
 const results = { ok: false, backend: null, roundTrip: false, bench: [], latency: null, memory: [] };
@@ -223,6 +224,8 @@ async function hostileInputs(dv) {
     ["deallocate(-1n)", () => dv.deallocate(-1n), /^ptr must be from 0n to 2n\*\*64n - 1n, got -1n$/],
     ["deallocate(2n**64n)", () => dv.deallocate(2n ** 64n), /^ptr must be from 0n to 2n\*\*64n - 1n, got 18446744073709551616n$/],
     ["deallocate('0x10')", () => dv.deallocate("0x10"), /got the string "0x10"$/],
+    ["runNetworkOn(ptr, [1e9, 1e9]) (a model no allocation holds)", async () => { const p = dv.allocate(64); try { await dv.runNetworkOn(p, [1e9, 1e9]); } finally { dv.deallocate(p); } }, /^the model at 0x[0-9a-f]+ has 64 bytes from there, and layers of \[1000000000, 1000000000\] need \d+$/],
+    ["runNetworkOn(ptr, '512,10')", async () => { const p = dv.allocate(64); try { await dv.runNetworkOn(p, "512,10"); } finally { dv.deallocate(p); } }, /^widths must be an array of layer widths, got the string "512,10"$/],
     ["write(ptr + 60n, 8 bytes) past the end", async () => { const p = dv.allocate(64); try { await dv.write(p + 60n, new Uint8Array(8)); } finally { dv.deallocate(p); } }, /out of bounds/],
   ];
   const before = dv.stats();
@@ -359,6 +362,8 @@ async function main() {
     showDevice(dv);
     await roundTrip(dv);
     await hostileInputs(dv);
+    status("loading a model…", "running");
+    results.model = await loadModel(dv, (await wasm).memory, $); // before the bench grows wasm memory
     await throughput(dv);
     await memory(dv);
     await ownHistory(dv, !results.viewer);
@@ -368,7 +373,7 @@ async function main() {
     if (results.viewerError) $("viewer-summary").textContent = `${results.viewerError}; showing this page's allocator instead. ${$("viewer-summary").textContent}`;
     keep = dv.allocate(256); // kept, to show what a read or write says once the GPU is lost
     results.ok = results.roundTrip && results.hostile.every((h) => h.ok) && results.hostileStatsKept
-      && results.ask.ok
+      && results.ask.ok && results.model.ok
       && results.viewer && results.viewer.shown && results.viewer.shown.events > 0
       && (!results.network || results.network.maxError < 1e-3)
       && results.bench.every((r) => r.verified && ours(r.up).gbps > 0 && ours(r.down).gbps > 0);

@@ -83,9 +83,42 @@ fn activations(batch: usize, widths: &[usize]) -> Vec<TensorLife> {
         .collect()
 }
 
+/// Where a model file (`scripts/make-model`) keeps each layer's weights and biases: layer by
+/// layer, weights (`inputs x outputs`, row-major) then biases, f32 little-endian, each starting
+/// at a multiple of 256 bytes (WebGPU's largest binding alignment, so each binds where it lies),
+/// zeros between. Gives (offset, bytes) of each layer's weights and biases, and the file's size
+/// (saturating at `u64::MAX` for widths no file could hold: the caller compares it with what
+/// it has).
+pub fn model_layout(widths: &[usize]) -> (Vec<[(u64, u64); 2]>, u64) {
+    let mut at = 0u64;
+    let mut place = |floats: u64| {
+        let bytes = floats.saturating_mul(4);
+        let off = at.checked_next_multiple_of(256).unwrap_or(u64::MAX);
+        at = off.saturating_add(bytes);
+        (off, bytes)
+    };
+    let layers = widths
+        .windows(2)
+        .map(|w| [place((w[0] as u64).saturating_mul(w[1] as u64)), place(w[1] as u64)])
+        .collect();
+    (layers, at)
+}
+
 /// Runs `widths.len() - 1` dense layers (ReLU between them) on a batch of `batch`, on device
 /// 0 of `a`; everything it allocates is freed before it returns.
 pub async fn run(a: &WgpuAllocator, widths: &[usize], batch: usize) -> devalloc::Result<Report> {
+    run_with(a, widths, batch, None).await
+}
+
+/// [`run`], with the weights and biases already on the device where `model` is given: a
+/// model file laid out as [`model_layout`] says, at that address (streamed there by the page).
+/// The CPU's reference then reads them back from the device.
+pub async fn run_with(
+    a: &WgpuAllocator,
+    widths: &[usize],
+    batch: usize,
+    model: Option<DevicePtr>,
+) -> devalloc::Result<Report> {
     let device = a.device(0)?.clone();
     let queue = a.queue(0)?.clone();
     if device.limits().max_compute_workgroups_per_dimension == 0 {
@@ -97,19 +130,37 @@ pub async fn run(a: &WgpuAllocator, widths: &[usize], batch: usize) -> devalloc:
         });
     }
     let layers = widths.len() - 1;
-    // Weights and biases: one labelled allocation each.
-    let (mut params, mut host) = (Vec::new(), Vec::new());
-    for l in 0..layers {
+    // Weights and biases: (address, bytes) of each, with their values for the CPU.
+    let (mut params, mut host, mut owned) = (Vec::new(), Vec::new(), Vec::new());
+    if let Some(model) = model {
+        for (l, place) in model_layout(widths).0.into_iter().enumerate() {
+            let mut read = [(DevicePtr::NULL, 0u64); 2];
+            let mut values = [Vec::new(), Vec::new()];
+            for (k, (off, bytes)) in place.into_iter().enumerate() {
+                let p = model.offset_u64(off)?;
+                let mut v = vec![0f32; bytes as usize / 4];
+                a.copy_device_to_host_async(bytemuck::cast_slice_mut(&mut v), p, 0).await?;
+                read[k] = (p, bytes);
+                values[k] = v;
+            }
+            let [w, b] = values;
+            debug_assert!(w.len() == widths[l] * widths[l + 1]);
+            params.push(read);
+            host.push((w, b));
+        }
+    }
+    for l in (0..layers).filter(|_| model.is_none()) {
         let w = values(widths[l] * widths[l + 1], 2 * l as u32 + 1);
         let b = values(widths[l + 1], 2 * l as u32 + 2);
-        let mut ptrs = [DevicePtr::NULL; 2];
+        let mut ptrs = [(DevicePtr::NULL, 0u64); 2];
         for (k, (data, name)) in [(&w, "w"), (&b, "b")].into_iter().enumerate() {
             let p = a.allocate_request(
                 &BufferRequest::new(data.len() * 4).label(&format!("{name}.layer{l}")),
                 0,
             )?;
+            owned.push(p);
             a.copy_host_to_device_async(p, bytemuck::cast_slice(data), 0).await?;
-            ptrs[k] = p;
+            ptrs[k] = (p, data.len() as u64 * 4);
         }
         params.push(ptrs);
         host.push((w, b));
@@ -173,7 +224,7 @@ pub async fn run(a: &WgpuAllocator, widths: &[usize], batch: usize) -> devalloc:
     let worst = compare::max_abs_error(&out, &cpu(&x, &host, batch, widths))
         .map_err(|e| devalloc::Error::invalid_argument(format!("the network's output: {e}")))?;
     drop(memory);
-    for p in params.into_iter().flatten() {
+    for p in owned {
         a.deallocate(p, 0)?;
     }
     let unplanned = lives.iter().map(|t| t.size).sum();

@@ -11,6 +11,7 @@
 
 mod args;
 mod bench;
+mod model;
 /// The network of `examples/mlp.rs`, shared: activations on a plan from devalloc's planner.
 #[path = "../../examples/support/network.rs"]
 mod network;
@@ -438,47 +439,6 @@ impl Devalloc {
     /// a snapshot file holds.
     pub fn snapshot(&self) -> Result<String, JsValue> {
         Ok(self.alloc.snapshot().map_err(js)?.to_json())
-    }
-
-    /// Runs a few dense layers of a network in WGSL on devalloc memory (weights and biases in
-    /// labelled allocations, activations on a plan from devalloc's planner in one planned
-    /// buffer, at bindable offsets); resolves to `{maxError, plannedBytes, unplannedBytes,
-    /// lowerBound, tensors}`: max |gpu - cpu|, the activations' buffer, what they would take
-    /// one after another, the most bytes of them live at once, and the plan itself, one
-    /// `{label, size, first, last, offset}` per activation (live from step `first` to step
-    /// `last`, both included, at `offset` bytes into the planned buffer).
-    pub fn run_network(&self) -> Promise {
-        let a = self.alloc;
-        future_to_promise(async move {
-            let r = network::run(a, &[256, 512, 256, 128, 10], 8).await.map_err(js)?;
-            #[derive(Serialize)]
-            struct Tensor {
-                label: String,
-                size: u64,
-                first: u64,
-                last: u64,
-                offset: u64,
-            }
-            #[derive(Serialize)]
-            #[serde(rename_all = "camelCase")]
-            struct Network {
-                max_error: f32,
-                planned_bytes: u64,
-                unplanned_bytes: u64,
-                lower_bound: u64,
-                tensors: Vec<Tensor>,
-            }
-            let tensors = (r.tensors.into_iter().zip(r.plan.offsets()))
-                .map(|((label, size, first, last), &offset)| Tensor { label, size, first, last, offset })
-                .collect();
-            to_js(&Network {
-                max_error: r.worst,
-                planned_bytes: r.plan.size(),
-                unplanned_bytes: r.unplanned,
-                lower_bound: r.plan.lower_bound(),
-                tensors,
-            })
-        })
     }
 
     /// Measures upload and download of `size` bytes through devalloc and the peers a careful
