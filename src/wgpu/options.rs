@@ -44,8 +44,10 @@ pub struct WgpuOptions {
     pub usage: wgpu::BufferUsages,
     /// Size of one staging buffer, and so of one chunk of a large copy. `None`: natively 4 MiB
     /// on CPU and integrated adapters, 8 MiB on discrete GPUs (chosen by measurement: see
-    /// `examples/bench`); in the browser 64 MiB (each map is a round trip to the GPU process:
-    /// fewer, larger ones win).
+    /// `examples/bench`); on the browser's WebGPU 64 MiB (each map is a round trip to the GPU
+    /// process: fewer, larger ones win); on WebGL2 8 MiB (there wgpu emulates mapping, and
+    /// every staging buffer is a copy in wasm memory: with 64 MiB chunks a 35 MB stream grew
+    /// the page's memory by 213-281 MB, with 8 MiB by 28 MB).
     pub staging_chunk: Option<u64>,
     /// Most bytes of staging buffers devalloc keeps per device (`None`: 8 chunks). Staging
     /// beyond it is released as soon as its copy is done, and a large upload waits for its
@@ -170,8 +172,14 @@ impl Tuning {
         // adapter's memory, 8 MiB elsewhere (lavapipe, 2 cores, against a StagingBelt as large
         // as the whole transfer: with 8 chunks of staging, 2 MiB chunks lose at 256 MiB, 0.55x:
         // the queue cannot keep up with that many submissions; 4 and 8 MiB win at 16-256 MiB).
-        // Browser: 64 MiB, as every map is a round trip to the GPU process.
+        // Browser: 64 MiB, as every map is a round trip to the GPU process; WebGL2: 8 MiB, as
+        // there each staging buffer is a `Vec` in wasm memory (wgpu-hal 30's gles
+        // `create_buffer` under EMULATE_BUFFER_MAP) and the budget is 8 chunks (the page's
+        // "Load a model" card, 2026-12-07: wasm memory grew by 213-281 MB for 35 MB streamed
+        // with 64 MiB chunks, 28 MB with 8 MiB; the page's bench, under load, 0.94-0.95x the
+        // `StagingBelt` peer at 16-64 MiB uploads against 1.01-1.02x, downloads 0.98-1.48x).
         let auto = match (browser, unified(info.device_type)) {
+            (true, _) if gl => 8 << 20,
             (true, _) => 64 << 20,
             (false, true) => 4 << 20,
             (false, false) => 8 << 20,
