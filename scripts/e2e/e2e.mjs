@@ -336,6 +336,14 @@ if (noWebgpu) {
 }
 check(noWebgpu ? `the model card says the network needs compute shaders: ${model.networkSkipped}` : `the network ran on the streamed weights and matched the CPU (max error ${model.maxError})`,
   noWebgpu ? /compute/.test(model.networkSkipped || "") : model.maxError < 1e-3);
+if (model.bench) {
+  // Speed is printed, not checked (a benchmark, not a timed test); that every result verified is checked.
+  const [ours, hand] = model.bench.methods;
+  console.log(`e2e: stream bench (${model.bench.bytes} bytes from memory, median of 3, interleaved): ${ours.name} ${ours.gbps.toFixed(3)} GB/s, ${hand.name} ${hand.gbps.toFixed(3)} GB/s: ${model.bench.ratio.toFixed(2)}x`);
+  check("the stream bench verified every result of both methods (SHA-256 of the bytes read back)", model.bench.verified);
+} else if (!noWebgpu) {
+  check("the stream bench ran on WebGPU", false);
+}
 check(`backend is ${expectBackend}`, results.backend === expectBackend);
 const hostile = results.hostile || [];
 check(`every hostile JS argument was refused with an exception in JS's words (${hostile.length} cases)`, hostile.length > 15 && hostile.every((h) => h.ok));

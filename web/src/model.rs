@@ -88,4 +88,28 @@ impl Devalloc {
             report(network::run_with(a, &widths, BATCH, Some(model)).await.map_err(js)?)
         }))
     }
+
+    /// The browser's own handles for the allocation at `ptr`, for the page's hand-written peer
+    /// of `writeFromStream` (a stream reader feeding `GPUQueue.writeBuffer`):
+    /// `{buffer: GPUBuffer, offset, size, queue: GPUQueue}`, or `null` where the device is not
+    /// the browser's WebGPU (WebGL2).
+    #[wasm_bindgen(js_name = webgpuTarget)]
+    pub fn webgpu_target(&self, ptr: JsValue) -> Result<JsValue, JsValue> {
+        let a = self.alloc;
+        let range = a.buffer(address(&ptr, "ptr")?, 0).map_err(js)?;
+        let queue = a.queue(0).map_err(js)?;
+        let (Some(buffer), Some(queue)) = (range.buffer.as_webgpu(), queue.as_webgpu()) else {
+            return Ok(JsValue::NULL);
+        };
+        let out = js_sys::Object::new();
+        for (key, value) in [
+            ("buffer", JsValue::from(buffer.clone())),
+            ("offset", JsValue::from(range.range.start as f64)),
+            ("size", JsValue::from(range.len() as f64)),
+            ("queue", JsValue::from(queue.clone())),
+        ] {
+            js_sys::Reflect::set(&out, &key.into(), &value)?;
+        }
+        Ok(out.into())
+    }
 }
