@@ -95,7 +95,7 @@ export async function loadModel(dv, memory, $) {
   }
   // Flat: at most 16 MiB of growth (twice the 8 MiB window: the module's allocator grows in
   // steps of its own; 9.7-11.1 MiB measured) while a file of 33 MiB streamed through. Not on
-  // WebGL2, where it is not flat (28 MB for 35 MB, with 8 MiB staging chunks): wgpu's GL
+  // WebGL2, where it is not flat (27-47 MB for 35 MB, with 8 MiB staging chunks): wgpu's GL
   // backend emulates buffer mapping there, and every mappable buffer, the staging of each
   // upload included, is a copy in wasm memory (wgpu-hal 30 gles `create_buffer`,
   // EMULATE_BUFFER_MAP). The card says so rather than pass it.

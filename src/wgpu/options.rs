@@ -47,7 +47,7 @@ pub struct WgpuOptions {
     /// `examples/bench`); on the browser's WebGPU 64 MiB (each map is a round trip to the GPU
     /// process: fewer, larger ones win); on WebGL2 8 MiB (there wgpu emulates mapping, and
     /// every staging buffer is a copy in wasm memory: with 64 MiB chunks a 35 MB stream grew
-    /// the page's memory by 213-281 MB, with 8 MiB by 28 MB).
+    /// the page's memory by 213-281 MB, with 8 MiB by 27-47 MB).
     pub staging_chunk: Option<u64>,
     /// Most bytes of staging buffers devalloc keeps per device (`None`: 8 chunks). Staging
     /// beyond it is released as soon as its copy is done, and a large upload waits for its
@@ -176,7 +176,7 @@ impl Tuning {
         // there each staging buffer is a `Vec` in wasm memory (wgpu-hal 30's gles
         // `create_buffer` under EMULATE_BUFFER_MAP) and the budget is 8 chunks (the page's
         // "Load a model" card, 2026-12-07: wasm memory grew by 213-281 MB for 35 MB streamed
-        // with 64 MiB chunks, 28 MB with 8 MiB; the page's bench, under load, 0.94-0.95x the
+        // with 64 MiB chunks, 27-47 MB with 8 MiB; the page's bench, under load, 0.94-0.95x the
         // `StagingBelt` peer at 16-64 MiB uploads against 1.01-1.02x, downloads 0.98-1.48x).
         let auto = match (browser, unified(info.device_type)) {
             (true, _) if gl => 8 << 20,
