@@ -149,7 +149,9 @@ pub async fn run_with(
             host.push((w, b));
         }
     }
-    for l in (0..layers).filter(|_| model.is_none()) {
+    // Or made here, one labelled allocation each, where no model was given.
+    let made = if model.is_none() { 0..layers } else { 0..0 };
+    for l in made {
         let w = values(widths[l] * widths[l + 1], 2 * l as u32 + 1);
         let b = values(widths[l + 1], 2 * l as u32 + 2);
         let mut ptrs = [(DevicePtr::NULL, 0u64); 2];

@@ -25,6 +25,8 @@ mod native;
 #[cfg(native)]
 pub(crate) use native::Native as Current;
 #[cfg(web)]
+mod watch;
+#[cfg(web)]
 mod web;
 #[cfg(web)]
 pub(crate) use web::Web as Current;
