@@ -179,7 +179,7 @@ async fn many_overlapping_pending_downloads() {
 #[wasm_bindgen_test]
 async fn allocation_after_a_failed_one() {
     let a = open().await;
-    let max = a.device(0).unwrap().limits().max_buffer_size;
+    let max = a.max_allocation(0).unwrap();
     let e = a.allocate(max as usize + 8, 0, DEFAULT_ALIGNMENT).unwrap_err();
     assert!(matches!(e, Error::TooLarge { .. }), "{e}");
     a.set_memory_limit(Some(1 << 20), 0).unwrap();
@@ -246,6 +246,32 @@ async fn shared() -> &'static WgpuAllocator {
     match registry.register_allocator(a) {
         Ok(()) => a,
         Err(_) => registry.get::<WgpuAllocator>(devalloc::DeviceType::WebGpu).expect("registered meanwhile"),
+    }
+}
+
+/// Allocations past one buffer (issue 40): 64 KiB buffers, so that the suite's larger
+/// allocations are several buffers each, every copy cut at their seams.
+fn webgpu_segmented() -> conformance::Made {
+    Box::pin(async {
+        let options = WgpuOptions {
+            staging_chunk: Some(64 << 10),
+            max_buffer_size: Some(64 << 10),
+            ..Default::default()
+        };
+        WgpuAllocator::with_options_async(wgpu::Backend::BrowserWebGpu, options)
+            .await
+            .map(|a| Box::new(a) as Box<dyn DeviceAllocator>)
+            .map_err(|e| e.to_string())
+    })
+}
+
+mod webgpu_segmented {
+    use super::*;
+    conformance_tests!(webgpu_segmented, conformance::Need::Always, conformance::Caching::On);
+
+    #[wasm_bindgen_test]
+    async fn model_check() {
+        conformance::model::model_check_seeded(webgpu_segmented, 4).await;
     }
 }
 

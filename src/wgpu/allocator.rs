@@ -274,8 +274,13 @@ impl WgpuAllocator {
     fn zero(&self, index: DeviceIndex, ptr: DevicePtr) -> Result<()> {
         let pool = self.0.pool(index)?;
         let r = pool.block_at(ptr, 0)?;
-        let len = r.block.buffer.size();
-        crate::bounce::run_blocking(pool.storage().clear(&r.block, 0, len, crate::bounce::Mode::Blocking))
+        let len = r.block.size();
+        crate::bounce::run_blocking(pool.storage().clear_pieces(
+            &r.block,
+            0,
+            len,
+            crate::bounce::Mode::Blocking,
+        ))
     }
 
     /// Waits until the GPU has finished all work submitted to device `index` (blocking; in

@@ -25,35 +25,49 @@ pub enum Access {
 
 /// Devalloc memory to bind: a whole allocation from a pointer (`DevicePtr`), `len` bytes at a
 /// pointer (`(DevicePtr, u64)`), a [`crate::DeviceMemoryBuffer`], or a planned tensor
-/// ([`PlannedTensor`], named by its label in errors).
+/// ([`PlannedTensor`], named by its label in errors); or a range bound as several consecutive
+/// bindings, one per buffer it lies in ([`BindTarget::segments`]).
 #[derive(Clone, Debug)]
 pub struct BindTarget {
     ptr: DevicePtr,
     len: Option<u64>,
     name: Option<String>,
+    slots: Option<u32>,
+}
+
+impl BindTarget {
+    /// `len` bytes at `ptr` bound as `slots` consecutive bindings from the bind's binding
+    /// number on, one per part of [`WgpuAllocator::segments`] (a tensor past one buffer or one
+    /// binding: the shader declares `slots` arrays and indexes part `i / part_len`, see
+    /// `examples/segmented.rs`). A range of fewer parts fills the slots left with its last part
+    /// again (for `read` and `uniform` binds; a `read_write` one must have a part per slot); a
+    /// range of more parts than slots is an error that says how many it needs.
+    pub fn segments(ptr: DevicePtr, len: u64, slots: u32) -> BindTarget {
+        BindTarget { ptr, len: Some(len), name: None, slots: Some(slots) }
+    }
 }
 
 impl From<DevicePtr> for BindTarget {
     fn from(ptr: DevicePtr) -> Self {
-        BindTarget { ptr, len: None, name: None }
+        BindTarget { ptr, len: None, name: None, slots: None }
     }
 }
 
 impl From<(DevicePtr, u64)> for BindTarget {
     fn from((ptr, len): (DevicePtr, u64)) -> Self {
-        BindTarget { ptr, len: Some(len), name: None }
+        BindTarget { ptr, len: Some(len), name: None, slots: None }
     }
 }
 
 impl From<&crate::buffer::DeviceMemoryBuffer<'_>> for BindTarget {
     fn from(b: &crate::buffer::DeviceMemoryBuffer<'_>) -> Self {
-        BindTarget { ptr: b.ptr(), len: Some(b.size() as u64), name: None }
+        BindTarget { ptr: b.ptr(), len: Some(b.size() as u64), name: None, slots: None }
     }
 }
 
 impl From<&PlannedTensor> for BindTarget {
     fn from(t: &PlannedTensor) -> Self {
-        BindTarget { ptr: t.ptr, len: Some(t.len), name: Some(t.name()) }
+        BindTarget { ptr: t.ptr, len: Some(t.len), name: Some(t.name()), slots: None }
     }
 }
 
@@ -108,7 +122,7 @@ pub struct Bindings {
 }
 
 impl Bindings {
-    /// The entries, in the order the binds were given.
+    /// The entries, in the order the binds were given (a segmented bind's, one per slot).
     pub fn entries(&self) -> Vec<wgpu::BindGroupEntry<'_>> {
         self.items
             .iter()
@@ -136,43 +150,39 @@ impl WgpuAllocator {
     pub fn bindings(&self, binds: &[Bind], index: DeviceIndex) -> Result<Bindings> {
         // The device first: an index it does not have, or a device lost, even with no binds.
         self.0.pool(index)?.storage().gpu.check_lost()?;
-        let mut items = Vec::with_capacity(binds.len());
-        for (k, b) in binds.iter().enumerate() {
+        // Each bind as its bindings (one, or one per slot of a segmented bind), each checked.
+        let mut items: Vec<(u32, BufferRange, &Bind)> = Vec::with_capacity(binds.len());
+        for b in binds {
             let named = |e: Error| self.about(b, index, e);
-            if binds[..k].iter().any(|o| o.binding == b.binding) {
-                return Err(Error::invalid_argument(format!("binding {} is given twice", b.binding)));
-            }
-            let range = match b.memory.len {
-                None => self.buffer(b.memory.ptr, index),
-                Some(len) => self.buffer_range(b.memory.ptr, len, index),
-            }
-            .map_err(named)?;
             let kind = if b.access == Access::Uniform { BindingKind::Uniform } else { BindingKind::Storage };
-            range.binding(kind).map_err(named)?;
-            for (o, (_, other)) in binds[..k].iter().zip(&items) {
-                let other: &BufferRange = other;
-                if other.buffer != range.buffer {
-                    continue;
+            for (binding, range) in self.ranges_of(b, index).map_err(named)? {
+                if items.iter().any(|(n, ..)| *n == binding) {
+                    return Err(Error::invalid_argument(format!("binding {binding} is given twice")));
                 }
-                let writes = b.access == Access::ReadWrite || o.access == Access::ReadWrite;
-                let overlap = range.range.start < other.range.end && other.range.start < range.range.end;
-                if writes && (b.access != o.access || overlap) {
-                    let why = if overlap { "overlapping ranges of it" } else { "different access to it" };
-                    return Err(Error::invalid_argument(format!(
-                        "{} ({:?}, binding {}) and {} ({:?}, binding {}) share one wgpu buffer, and wgpu refuses \
-                         {why} in one dispatch while either is written: bind both read_write at ranges apart, or \
-                         give them separate allocations (or planned buffers)",
-                        self.describe(b, index),
-                        b.access,
-                        b.binding,
-                        self.describe(o, index),
-                        o.access,
-                        o.binding
-                    )));
+                range.binding(kind).map_err(named)?;
+                for (other_binding, other, o) in &items {
+                    if other.buffer != range.buffer {
+                        continue;
+                    }
+                    let writes = b.access == Access::ReadWrite || o.access == Access::ReadWrite;
+                    let overlap = range.range.start < other.range.end && other.range.start < range.range.end;
+                    if writes && (b.access != o.access || overlap) {
+                        let why = if overlap { "overlapping ranges of it" } else { "different access to it" };
+                        return Err(Error::invalid_argument(format!(
+                            "{} ({:?}, binding {binding}) and {} ({:?}, binding {other_binding}) share one wgpu buffer, \
+                             and wgpu refuses {why} in one dispatch while either is written: bind both read_write at \
+                             ranges apart, or give them separate allocations (or planned buffers)",
+                            self.describe(b, index),
+                            b.access,
+                            self.describe(o, index),
+                            o.access,
+                        )));
+                    }
                 }
+                items.push((binding, range, b));
             }
-            items.push((b.binding, range));
         }
+        let items = items.into_iter().map(|(n, range, _)| (n, range)).collect();
         Ok(Bindings { items })
     }
 
@@ -197,7 +207,6 @@ impl WgpuAllocator {
     ) -> Result<wgpu::BindGroup> {
         let bindings = self.bindings(binds, index)?;
         let mut entries = bindings.entries();
-        debug_assert!(entries.len() == binds.len());
         entries.extend(extra.iter().cloned());
         let pool = self.0.pool(index)?;
         let gpu = &pool.storage().gpu;
@@ -208,6 +217,36 @@ impl WgpuAllocator {
                 entries: &entries,
             })
         })
+    }
+
+    /// The bindings of `b`: its binding number and range; for a segmented bind, a binding per
+    /// slot (see [`BindTarget::segments`]).
+    fn ranges_of(&self, b: &Bind, index: DeviceIndex) -> Result<Vec<(u32, BufferRange)>> {
+        let m = &b.memory;
+        let Some(slots) = m.slots else {
+            let range = match m.len {
+                None => self.buffer(m.ptr, index),
+                Some(len) => self.buffer_range(m.ptr, len, index),
+            }?;
+            return Ok(vec![(b.binding, range)]);
+        };
+        let parts = self.segments(m.ptr, m.len.unwrap_or(0), index)?;
+        let (count, last) = (parts.len(), parts.last().cloned());
+        if slots == 0 || count > slots as usize || (count < slots as usize && b.access == Access::ReadWrite) {
+            return Err(Error::invalid_argument(format!(
+                "the range is {count} part(s) (one per buffer, each within the binding limit), bound to {slots} slot(s): \
+                 declare {count} (a read_write bind needs exactly one slot per part)"
+            )));
+        }
+        let padding = std::iter::repeat_n(last, slots as usize - count).flatten();
+        let first = b.binding;
+        let end = first.checked_add(slots - 1).ok_or_else(|| {
+            Error::invalid_argument(format!(
+                "{slots} slots from binding {first} run past binding {}",
+                u32::MAX
+            ))
+        })?;
+        Ok((first..=end).zip(parts.into_iter().chain(padding)).collect())
     }
 
     /// `e`, saying which bind it is about (its kind kept).

@@ -146,7 +146,7 @@ impl BufferRange {
 }
 
 impl WgpuAllocator {
-    fn range_of(&self, s: &WgpuStorage, buffer: wgpu::Buffer, range: Range<u64>) -> BufferRange {
+    pub(super) fn range_of(&self, s: &WgpuStorage, buffer: wgpu::Buffer, range: Range<u64>) -> BufferRange {
         let l = &s.limits;
         let limits = BindLimits {
             storage_offset: l.min_storage_buffer_offset_alignment.into(),
@@ -157,23 +157,25 @@ impl WgpuAllocator {
         BufferRange { buffer, range, device: s.gpu.id, limits, lost: Arc::clone(&s.gpu.lost) }
     }
 
-    /// The buffer behind `ptr`, from `ptr` to the end of its allocation.
+    /// The buffer behind `ptr`, from `ptr` to the end of its allocation. An allocation past
+    /// the buffer limit is several buffers: where the rest of it crosses into another, this is
+    /// an error that says so; [`WgpuAllocator::segments`] gives each buffer's part.
     pub fn buffer(&self, ptr: DevicePtr, index: DeviceIndex) -> Result<BufferRange> {
-        let pool = self.0.pool(index)?;
-        pool.storage().gpu.check_lost()?;
-        let r = pool.block_at(ptr, 0).map_err(|e| self.0.foreign(index, ptr, e))?;
-        r.block.exposed.store(true, std::sync::atomic::Ordering::Release);
-        let range = r.offset..r.offset + r.available;
-        Ok(self.range_of(pool.storage(), r.block.buffer.clone(), range))
+        let r = self.0.pool(index)?.block_at(ptr, 0).map_err(|e| self.0.foreign(index, ptr, e))?;
+        self.buffer_range(ptr, r.available, index)
     }
 
-    /// The buffer behind `len` bytes at `ptr`, checked against the allocation.
+    /// The buffer behind `len` bytes at `ptr`, checked against the allocation; an error where
+    /// the range crosses from one buffer of a segmented allocation into the next (see
+    /// [`WgpuAllocator::segments`]).
     pub fn buffer_range(&self, ptr: DevicePtr, len: u64, index: DeviceIndex) -> Result<BufferRange> {
-        let pool = self.0.pool(index)?;
-        pool.storage().gpu.check_lost()?;
-        let r = pool.block_at(ptr, len).map_err(|e| self.0.foreign(index, ptr, e))?;
-        r.block.exposed.store(true, std::sync::atomic::Ordering::Release);
-        Ok(self.range_of(pool.storage(), r.block.buffer.clone(), r.offset..r.offset + len))
+        let mut parts = self.segments_of(ptr, len, index)?;
+        match parts.len() {
+            1 => Ok(parts.remove(0)),
+            n => Err(Error::invalid_argument(format!(
+                "{len} bytes at {ptr} span {n} buffers (the allocation is past the buffer limit, in segments): use WgpuAllocator::segments to bind each part"
+            ))),
+        }
     }
 
     /// The offset alignment at which any range can be bound on device `index`, as storage or
@@ -252,17 +254,85 @@ impl WgpuAllocator {
         if !app.usage().contains(usage) {
             return refuse(format!("the buffer lacks {flag} usage"));
         }
-        let ours = &r.block.buffer;
-        // On the direct route the buffer may be mapped by a copy right now: wait for it.
-        let _held = if s.route == Route::Direct { Some(r.block.lock_blocking(&s.gpu)?) } else { None };
+        // On the direct route the buffers may be mapped by a copy right now: wait for them.
+        let pieces = r.block.pieces(r.offset, len);
+        let mut held = Vec::new();
+        if s.route == Route::Direct {
+            for (seg, ..) in &pieces {
+                held.push(seg.lock_blocking(&s.gpu)?);
+            }
+        }
         s.gpu
             .submit("devalloc app-buffer copy", |enc| {
-                if to_app {
-                    enc.copy_buffer_to_buffer(ours, r.offset, app, app_offset, len)
-                } else {
-                    enc.copy_buffer_to_buffer(app, app_offset, ours, r.offset, len)
+                for (seg, within, n, at) in &pieces {
+                    if to_app {
+                        enc.copy_buffer_to_buffer(&seg.buffer, *within, app, app_offset + at, *n)
+                    } else {
+                        enc.copy_buffer_to_buffer(app, app_offset + at, &seg.buffer, *within, *n)
+                    }
                 }
             })
             .map(drop)
+    }
+}
+
+impl WgpuAllocator {
+    /// The buffers behind `len` bytes at `ptr`, in order, each part within one buffer and at
+    /// most the device's `max_storage_buffer_binding_size` (rounded down to its storage offset
+    /// alignment), so that each can be bound on its own: one part for a range within one
+    /// buffer and the binding limit, several for a range of an allocation past the buffer
+    /// limit (see [`super::WgpuOptions::max_buffer_size`]) or past the binding limit. A shader
+    /// indexes such a tensor as consecutive bindings of these parts (`examples/segmented.rs`).
+    /// Checked against the allocation as [`WgpuAllocator::buffer_range`] is; an empty range is
+    /// one empty part.
+    pub fn segments(&self, ptr: DevicePtr, len: u64, index: DeviceIndex) -> Result<Vec<BufferRange>> {
+        let parts = self.segments_of(ptr, len, index)?;
+        let l = &self.0.pool(index)?.storage().limits;
+        let align = u64::from(l.min_storage_buffer_offset_alignment).max(4);
+        let most = (l.max_storage_buffer_binding_size / align * align).max(align);
+        let mut out = Vec::new();
+        for part in parts {
+            let mut at = part.range.start;
+            loop {
+                let end = part.range.end.min(at.saturating_add(most));
+                let mut piece = part.clone();
+                piece.range = at..end;
+                out.push(piece);
+                if end >= part.range.end {
+                    break;
+                }
+                at = end;
+            }
+        }
+        Ok(out)
+    }
+
+    /// The parts of `len` bytes at `ptr`, one per buffer they touch (one empty part for an
+    /// empty range); each buffer is marked as handed to the app.
+    pub(super) fn segments_of(
+        &self,
+        ptr: DevicePtr,
+        len: u64,
+        index: DeviceIndex,
+    ) -> Result<Vec<BufferRange>> {
+        let pool = self.0.pool(index)?;
+        pool.storage().gpu.check_lost()?;
+        let r = pool.block_at(ptr, len).map_err(|e| self.0.foreign(index, ptr, e))?;
+        let mut pieces = r.block.pieces(r.offset, len);
+        if pieces.is_empty() {
+            // An empty range: the buffer it starts in (the last one, at the allocation's end).
+            let segment = r.block.buffer.size();
+            let i = ((r.offset / segment) as usize).min(r.block.rest.len());
+            let seg = r.block.segments().nth(i).unwrap_or(&r.block);
+            pieces.push((seg, r.offset - i as u64 * segment, 0, 0));
+        }
+        let exposed = std::sync::atomic::Ordering::Release;
+        Ok(pieces
+            .into_iter()
+            .map(|(seg, within, n, _)| {
+                seg.exposed.store(true, exposed);
+                self.range_of(pool.storage(), seg.buffer.clone(), within..within + n)
+            })
+            .collect())
     }
 }

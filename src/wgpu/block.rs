@@ -52,6 +52,9 @@ pub struct WgpuBlock {
     /// Held for writing until the browser's verdict on the buffer is in (set before it is
     /// let go): a copy awaits a read of it first. Free from the start natively.
     pub(crate) verdict: Arc<async_lock::RwLock<()>>,
+    /// Where the allocation passed the buffer limit, its buffers after this one, in address
+    /// order: this buffer is its first segment (see `segments.rs`). Empty for one buffer.
+    pub(crate) rest: Box<[WgpuBlock]>,
 }
 
 /// The block's lock, held; forgets its holder when dropped.
@@ -124,6 +127,7 @@ impl WgpuBlock {
             spoiled: AtomicBool::new(false),
             refused,
             verdict,
+            rest: Box::new([]),
         }
     }
 

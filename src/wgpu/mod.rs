@@ -126,6 +126,7 @@ mod mapping;
 mod options;
 mod platform;
 mod queue_upload;
+mod segments;
 pub(crate) mod storage;
 mod verdict;
 mod workarounds;

@@ -63,6 +63,12 @@ pub struct WgpuOptions {
     /// most (1.44x when all are so). `MemoryHints::Performance` for wgpu's default: fewer,
     /// larger device allocations.
     pub memory_hints: wgpu::MemoryHints,
+    /// The largest buffer devalloc makes; `None` (the default): the device's `max_buffer_size`.
+    /// An allocation past it is served as one address range over several buffers, its
+    /// segments, each at most this size (see [`crate::wgpu::WgpuAllocator::segments`]). Set it
+    /// below the device's to test segmented memory at small sizes, or to leave room on a
+    /// device shared with others. At least 256 bytes.
+    pub max_buffer_size: Option<u64>,
     /// Called once when the device is lost. wgpu keeps one lost callback per device and cannot
     /// hand back one already set, so devalloc, which needs the callback to notice a loss, takes
     /// it: an app that adopts its device must not set the device's lost callback itself
@@ -89,6 +95,7 @@ impl Default for WgpuOptions {
                 suballocated_device_memory_block_size: (4 << 20)..(4 << 20),
             },
             on_device_lost: None,
+            max_buffer_size: None,
         }
     }
 }
@@ -102,6 +109,12 @@ impl WgpuOptions {
             return Err(crate::error::Error::invalid_argument(
                 "WgpuOptions::usage: MAP_READ / MAP_WRITE are devalloc's to set (the direct route maps buffers itself)",
             ));
+        }
+        if self.max_buffer_size.is_some_and(|m| m < 256) {
+            return Err(crate::error::Error::invalid_argument(format!(
+                "WgpuOptions::max_buffer_size: {:?} bytes is under the 256 a segment needs",
+                self.max_buffer_size
+            )));
         }
         Ok(())
     }
@@ -120,6 +133,7 @@ impl fmt::Debug for WgpuOptions {
             .field("staging_budget", &self.staging_budget)
             .field("memory_hints", &self.memory_hints)
             .field("on_device_lost", &self.on_device_lost.as_ref().map(|_| "Fn"))
+            .field("max_buffer_size", &self.max_buffer_size)
             .finish()
     }
 }

@@ -4,7 +4,7 @@
 //! route, and sends each copy the route's way: staged through the belt, or by mapping the
 //! block itself (`direct.rs`); copies between blocks are in `copy.rs`.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::belt::Belt;
@@ -21,7 +21,7 @@ use crate::storage::Storage;
 /// Per-allocation choices of a wgpu buffer: its usage (bits of `wgpu::BufferUsages`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub struct WgpuParams {
-    usage: u32,
+    pub(super) usage: u32,
 }
 
 impl WgpuParams {
@@ -38,10 +38,16 @@ pub struct WgpuStorage {
     pub(super) route: Route,
     pub(super) limits: wgpu::Limits,
     /// Usage of a buffer allocated without one of its own, copy (and map) flags included.
-    default_usage: wgpu::BufferUsages,
-    max_buffer: u64,
+    pub(super) default_usage: wgpu::BufferUsages,
+    /// The largest block made of one buffer: the device's `max_buffer_size` or
+    /// [`WgpuOptions::max_buffer_size`], whichever is less (whole words). A block past it is
+    /// several buffers (see `segments.rs`).
+    pub(super) limit: u64,
+    /// Bytes of each segment of such a block but the last: `limit` rounded down to the
+    /// device's binding alignment, so that every segment starts where a binding may.
+    pub(super) segment: u64,
     /// Buffers the browser refused after `alloc` returned them (out of memory), so far.
-    refusals: Arc<AtomicU64>,
+    pub(super) refusals: Arc<AtomicU64>,
 }
 
 impl WgpuStorage {
@@ -60,7 +66,12 @@ impl WgpuStorage {
         let belt = Belt::new(&Tuning::of(options, &gpu.info, max_buffer), options.staging_budget, max_buffer);
         let default_usage = Self::full_usage(route, options.usage);
         let refusals = Arc::new(AtomicU64::new(0));
-        Ok(WgpuStorage { gpu, belt, route, limits, default_usage, max_buffer, refusals })
+        let limit = floor4(options.max_buffer_size.map_or(max_buffer, |m| m.min(max_buffer)));
+        let align = u64::from(
+            limits.min_storage_buffer_offset_alignment.max(limits.min_uniform_buffer_offset_alignment),
+        );
+        let segment = if limit >= align { limit / align * align } else { limit };
+        Ok(WgpuStorage { gpu, belt, route, limits, default_usage, limit, segment, refusals })
     }
 
     /// `usage` plus what devalloc needs: copies both ways, and mapping on the direct route.
@@ -151,6 +162,43 @@ impl WgpuStorage {
         belt.upload(gpu, &block.buffer, a0, &[&head[..head_len], src, &tail[4 - tail_len..]], mode).await
     }
 
+    /// [`Storage::write`] on one buffer.
+    pub(crate) fn write_one(&self, block: &WgpuBlock, offset: u64, src: &[u8]) -> Result<()> {
+        if self.route == Route::Direct && Current::CAN_BLOCK {
+            let r = super::direct::write_blocking(&self.gpu, block, offset, src);
+            return self.spoil_on(block, r);
+        }
+        if !aligned(offset, src.len() as u64) && self.route == Route::Staged {
+            blocking_allowed(self.gpu.id, MustWait::RaggedWrite)?;
+        }
+        run_blocking(self.write_with(block, offset, src, Mode::Blocking))
+    }
+
+    /// [`Storage::read`] on one buffer.
+    pub(crate) fn read_one(&self, block: &WgpuBlock, offset: u64, dst: &mut [u8]) -> Result<()> {
+        blocking_allowed(self.gpu.id, MustWait::Read)?;
+        if self.route == Route::Direct && Current::CAN_BLOCK {
+            let r = super::direct::read_blocking(&self.gpu, block, offset, dst);
+            return self.spoil_on(block, r);
+        }
+        run_blocking(self.read_with(block, offset, dst, Mode::Blocking))
+    }
+
+    /// [`Storage::copy`] between single buffers.
+    pub(crate) fn copy_one(
+        &self,
+        src: &WgpuBlock,
+        so: u64,
+        dst: &WgpuBlock,
+        d_o: u64,
+        len: u64,
+    ) -> Result<()> {
+        if !(aligned(so, len) && aligned(d_o, 0)) {
+            blocking_allowed(self.gpu.id, MustWait::RaggedCopy)?;
+        }
+        run_blocking(self.copy_with(src, so, dst, d_o, len, Mode::Blocking))
+    }
+
     /// `r`; a wgpu failure (`Backend`) on a buffer the app holds, on a device that is fine,
     /// spoils the block (see [`WgpuBlock::spoiled`]).
     pub(crate) fn spoil_on<T>(&self, block: &WgpuBlock, r: Result<T>) -> Result<T> {
@@ -181,8 +229,15 @@ impl Storage for WgpuStorage {
         COPY_ALIGN
     }
 
+    /// The pool's class (512-byte rounding, as `Storage::size_class` says), but never past one
+    /// buffer for a request that fits in one: such a tensor stays one buffer, bound as one.
+    fn size_class(&self, size: u64) -> Option<u64> {
+        let class = crate::storage::default_size_class(size)?;
+        Some(if size <= self.limit && class > self.limit { size } else { class })
+    }
+
     fn max_block_size(&self) -> u64 {
-        self.max_buffer
+        max_block(self.limit, self.segment)
     }
 
     fn block_alignment(&self, _alignment: u64) -> u64 {
@@ -213,22 +268,11 @@ impl Storage for WgpuStorage {
     /// while the block is cached and reused by other allocations; devalloc keeps each
     /// allocation's own label in its records, reports and snapshots (with the block id).
     fn alloc(&self, capacity: u64, _alignment: u64, params: &WgpuParams, name: &str) -> Result<WgpuBlock> {
-        let usage = match wgpu::BufferUsages::from_bits_truncate(params.usage) {
-            u if u.is_empty() => self.default_usage,
-            u => Self::full_usage(self.route, u),
-        };
-        let refused = Arc::new(AtomicBool::new(false));
-        let verdict = Arc::new(async_lock::RwLock::new(()));
-        let (flag, count) = (Arc::clone(&refused), Arc::clone(&self.refusals));
-        // Held until `mark` runs or is dropped: when the browser's verdict is in.
-        let pending = verdict.try_write_arc();
-        let mark = move || {
-            flag.store(true, Ordering::Release);
-            count.fetch_add(1, Ordering::AcqRel);
-            drop(pending);
-        };
-        let buffer = self.gpu.create_marked(name, capacity, usage, Box::new(mark))?;
-        Ok(WgpuBlock::with_flag(buffer, refused, verdict))
+        let usage = self.usage_of(params);
+        if capacity > self.limit {
+            return self.segmented(capacity, name, |size, name| self.alloc_one(size, usage, name));
+        }
+        self.alloc_one(capacity, usage, name)
     }
 
     fn alloc_async<'a>(
@@ -239,17 +283,26 @@ impl Storage for WgpuStorage {
         name: &'a str,
     ) -> BoxFuture<'a, Result<WgpuBlock>> {
         Box::pin(async move {
-            let usage = match wgpu::BufferUsages::from_bits_truncate(params.usage) {
-                u if u.is_empty() => self.default_usage,
-                u => Self::full_usage(self.route, u),
-            };
-            let buffer = self.gpu.create_async(name, capacity, usage).await?;
-            Ok(WgpuBlock::new(buffer))
+            let usage = self.usage_of(params);
+            if capacity <= self.limit {
+                return Ok(WgpuBlock::new(self.gpu.create_async(name, capacity, usage).await?));
+            }
+            let (seg, count) = (self.segment, capacity.div_ceil(self.segment));
+            let mut made = Vec::new();
+            for i in 0..count {
+                let label = format!("{name}, segment {} of {count}", i + 1);
+                made.push(WgpuBlock::new(
+                    self.gpu.create_async(&label, seg.min(capacity - i * seg), usage).await?,
+                ));
+            }
+            let mut first = made.remove(0);
+            first.rest = made.into_boxed_slice();
+            Ok(first)
         })
     }
 
     fn refused(&self, block: &WgpuBlock) -> bool {
-        block.refused.load(Ordering::Acquire)
+        block.segments().any(|s| s.refused.load(Ordering::Acquire))
     }
 
     fn refusals(&self) -> u64 {
@@ -260,38 +313,32 @@ impl Storage for WgpuStorage {
     /// then makes its submit a validation error naming the block, instead of running on the
     /// old bytes. Work already submitted on it completes first (wgpu defers the destruction).
     fn retire(&self, block: &WgpuBlock) {
-        block.buffer.destroy();
+        block.segments().for_each(|s| s.buffer.destroy());
     }
 
     fn reusable(&self, block: &WgpuBlock) -> bool {
-        !block.spoiled.load(Ordering::Acquire)
+        !block.segments().any(|s| s.spoiled.load(Ordering::Acquire))
     }
 
     fn write(&self, block: &WgpuBlock, offset: u64, src: &[u8]) -> Result<()> {
-        if self.route == Route::Direct && Current::CAN_BLOCK {
-            let r = super::direct::write_blocking(&self.gpu, block, offset, src);
-            return self.spoil_on(block, r);
+        if block.is_segmented() {
+            return self.write_pieces_blocking(block, offset, src);
         }
-        if !aligned(offset, src.len() as u64) && self.route == Route::Staged {
-            blocking_allowed(self.gpu.id, MustWait::RaggedWrite)?;
-        }
-        run_blocking(self.write_with(block, offset, src, Mode::Blocking))
+        self.write_one(block, offset, src)
     }
 
     fn read(&self, block: &WgpuBlock, offset: u64, dst: &mut [u8]) -> Result<()> {
-        blocking_allowed(self.gpu.id, MustWait::Read)?;
-        if self.route == Route::Direct && Current::CAN_BLOCK {
-            let r = super::direct::read_blocking(&self.gpu, block, offset, dst);
-            return self.spoil_on(block, r);
+        if block.is_segmented() {
+            return self.read_pieces_blocking(block, offset, dst);
         }
-        run_blocking(self.read_with(block, offset, dst, Mode::Blocking))
+        self.read_one(block, offset, dst)
     }
 
     fn copy(&self, src: &WgpuBlock, so: u64, dst: &WgpuBlock, d_o: u64, len: u64) -> Result<()> {
-        if !(aligned(so, len) && aligned(d_o, 0)) {
-            blocking_allowed(self.gpu.id, MustWait::RaggedCopy)?;
+        if src.is_segmented() || dst.is_segmented() {
+            return self.copy_pieces_blocking(src, so, dst, d_o, len);
         }
-        run_blocking(self.copy_with(src, so, dst, d_o, len, Mode::Blocking))
+        self.copy_one(src, so, dst, d_o, len)
     }
 
     fn write_async<'a>(
@@ -300,7 +347,7 @@ impl Storage for WgpuStorage {
         offset: u64,
         src: &'a [u8],
     ) -> BoxFuture<'a, Result<()>> {
-        Box::pin(self.write_with(block, offset, src, Mode::Async))
+        Box::pin(self.write_pieces(block, offset, src, Mode::Async))
     }
 
     fn read_async<'a>(
@@ -309,7 +356,7 @@ impl Storage for WgpuStorage {
         offset: u64,
         dst: &'a mut [u8],
     ) -> BoxFuture<'a, Result<()>> {
-        Box::pin(self.read_with(block, offset, dst, Mode::Async))
+        Box::pin(self.read_pieces(block, offset, dst, Mode::Async))
     }
 
     fn copy_async<'a>(
@@ -320,8 +367,24 @@ impl Storage for WgpuStorage {
         d_o: u64,
         len: u64,
     ) -> BoxFuture<'a, Result<()>> {
-        Box::pin(self.copy_with(src, so, dst, d_o, len, Mode::Async))
+        Box::pin(self.copy_pieces(src, so, dst, d_o, len, Mode::Async))
     }
+}
+
+/// The most segments one block may have: past it a request is `TooLarge` (wgpu cannot tell a
+/// device's memory; a request this many buffers long is past any device's).
+const MAX_SEGMENTS: u64 = 1 << 16;
+
+/// The most bytes one segmented block may have in the browser, where sizes are 32-bit and a
+/// page's GPU memory is a small share of the device's: 1 GiB, four of WebGPU's default
+/// 256 MiB buffers (one buffer past it is still served whole where the device allows it).
+const MAX_SEGMENTED_WASM: u64 = 1 << 30;
+
+/// The largest block of a storage whose one-buffer limit is `limit` and segment `segment`.
+fn max_block(limit: u64, segment: u64) -> u64 {
+    let most = segment.saturating_mul(MAX_SEGMENTS);
+    let most = if cfg!(target_arch = "wasm32") { most.min(MAX_SEGMENTED_WASM) } else { most };
+    limit.max(most)
 }
 
 /// The adapter's name, or a placeholder where it gives none (browsers hide it).

@@ -5,7 +5,8 @@
 //! wgpu app that adopts devalloc (`wgpu_app`) and loses its device (`wgpu_app_loss`; mid-stream: `stream_loss`), an app's hostile ways with it (panicking map
 //! callbacks, async copies dropped mid-map: `wgpu_hostile`), wgpu copies under hostile use
 //! (bounded work per async poll, drops at any poll, destroy mid-copy: `wgpu_copies`), what wgpu
-//! holds beneath the pool (bindings after churn, memory hints: `wgpu_memory`), and CUDA
+//! holds beneath the pool (bindings after churn, memory hints: `wgpu_memory`), allocations past
+//! one buffer (the suite on segmented memory, the seams' hostile cases: `wgpu_segmented`), and CUDA
 //! where a driver is (`cuda`, feature `cuda`). `util` holds the hostile tests' small helpers;
 //! `fuzz_found` keeps each input the fuzzers found as a test.
 //!
@@ -46,3 +47,5 @@ mod wgpu_copies;
 mod wgpu_hostile;
 #[cfg(feature = "wgpu")]
 mod wgpu_memory;
+#[cfg(feature = "wgpu")]
+mod wgpu_segmented;

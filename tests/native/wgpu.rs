@@ -127,7 +127,7 @@ fn memory_limit_and_oversize_are_errors_and_the_allocator_survives() {
     let Some(a) = vulkan(WgpuOptions { pool, ..WgpuOptions::default() }) else {
         return;
     };
-    let max = a.device(0).unwrap().limits().max_buffer_size;
+    let max = a.max_allocation(0).unwrap();
     let keep = a.allocate(4 << 20, 0, DEFAULT_ALIGNMENT).unwrap();
     a.copy_host_to_device(keep, &[7u8; 4096], 0).unwrap();
     let e = a.allocate(6 << 20, 0, DEFAULT_ALIGNMENT).unwrap_err();
@@ -136,7 +136,7 @@ fn memory_limit_and_oversize_are_errors_and_the_allocator_survives() {
     assert!(matches!(e, Error::TooLarge { .. }), "{e}");
     a.set_memory_limit(None, 0).unwrap();
     let e = a.allocate(max as usize + 1, 0, DEFAULT_ALIGNMENT).unwrap_err();
-    assert!(matches!(e, Error::TooLarge { max: m, .. } if m <= max), "{e}");
+    assert!(matches!(e, Error::TooLarge { max: m, .. } if m == max), "{e}");
     let ok = a.allocate(6 << 20, 0, DEFAULT_ALIGNMENT).unwrap();
     let mut back = [0u8; 4096];
     a.copy_device_to_host(&mut back, keep, 0).unwrap();
@@ -167,15 +167,27 @@ fn refusing_software_adapters_where_there_are_only_software_ones_says_so() {
     }
 }
 
+/// A device opened with a lower buffer limit serves a larger allocation as several buffers (its
+/// segments), and refuses up front only what no segmentation serves, naming that limit.
 #[test]
-fn lowered_device_limits_refuse_big_buffers_up_front() {
+fn lowered_device_limits_serve_bigger_allocations_in_segments() {
     let limits = wgpu::Limits { max_buffer_size: 1 << 20, ..wgpu::Limits::downlevel_defaults() };
     let Some(a) = vulkan(WgpuOptions { required_limits: Some(limits), ..WgpuOptions::default() }) else {
         return;
     };
-    let e = a.allocate((1 << 20) + 1, 0, DEFAULT_ALIGNMENT).unwrap_err();
-    assert!(matches!(e, Error::TooLarge { max: 1048576, .. }), "{e}");
-    let p = a.allocate(1 << 20, 0, DEFAULT_ALIGNMENT).unwrap();
+    let n = (3 << 20) + 12;
+    let p = a.allocate(n, 0, DEFAULT_ALIGNMENT).unwrap();
+    let data = pattern(n, 9);
+    a.copy_host_to_device(p, &data, 0).unwrap();
+    let mut back = vec![0u8; n];
+    a.copy_device_to_host(&mut back, p, 0).unwrap();
+    assert!(back == data, "a segmented allocation's bytes did not round-trip");
+    let parts = a.segments(p, n as u64, 0).unwrap();
+    assert_eq!(parts.len(), 4, "3 MiB + 12 bytes over 1 MiB buffers: {parts:?}");
+    assert!(parts.iter().all(|r| r.buffer.size() <= 1 << 20));
+    let max = a.max_allocation(0).unwrap();
+    let e = a.allocate(max as usize + 4, 0, DEFAULT_ALIGNMENT).unwrap_err();
+    assert!(matches!(e, Error::TooLarge { max: m, .. } if m == max), "{e}");
     a.deallocate(p, 0).unwrap();
 }
 
@@ -294,8 +306,10 @@ fn a_request_that_fits_the_device_exactly_is_allocated_with_caching_on() {
         return;
     };
     let p = a.allocate(1_000_000, 0, DEFAULT_ALIGNMENT).expect("the device's largest buffer fits");
+    assert_eq!(a.segments(p, 1_000_000, 0).unwrap().len(), 1, "one buffer, not segments");
     a.deallocate(p, 0).unwrap();
-    assert!(matches!(a.allocate(1_000_001, 0, DEFAULT_ALIGNMENT), Err(Error::TooLarge { .. })));
+    let max = a.max_allocation(0).unwrap() as usize;
+    assert!(matches!(a.allocate(max + 1, 0, DEFAULT_ALIGNMENT), Err(Error::TooLarge { .. })));
 }
 
 #[test]
