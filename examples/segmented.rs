@@ -7,7 +7,11 @@
 //! range's parts, whatever their number (up to four), and the output is bound the same way.
 //! The result (`y = 2x + 1`) is checked against the CPU, element by element.
 //!
-//!     cargo run --release --example segmented [vulkan|gl|metal|dx12]
+//!     cargo run --release --example segmented [vulkan|gl|metal|dx12] [--bench]
+//!
+//! `--bench`: a 64 MiB copy up and down, into one buffer and into four 16 MiB segments (two
+//! allocators on the same adapter), interleaved, median of 7 rounds, every result checked;
+//! and what the segmented allocation holds against its size.
 #[path = "support/logging.rs"]
 mod logging;
 
@@ -58,7 +62,8 @@ fn main(@builtin(global_invocation_id) id: vec3<u32>) {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     logging::init("warn");
-    let name = std::env::args().nth(1).unwrap_or_else(|| "vulkan".into());
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let name = args.iter().find(|a| !a.starts_with("--")).cloned().unwrap_or_else(|| "vulkan".into());
     let backend = match name.as_str() {
         "vulkan" => wgpu::Backend::Vulkan,
         "gl" => wgpu::Backend::Gl,
@@ -66,6 +71,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "dx12" => wgpu::Backend::Dx12,
         other => return Err(format!("unknown backend {other:?}").into()),
     };
+    if args.iter().any(|a| a == "--bench") {
+        return bench(&name, backend);
+    }
     let max_buffer = 1u64 << 20;
     let options = WgpuOptions { max_buffer_size: Some(max_buffer), ..Default::default() };
     let alloc = WgpuAllocator::with_options(backend, options)?;
@@ -125,5 +133,70 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             format!("{wrong} of {n} elements differ from the CPU's, over {} parts", parts.len()).into()
         );
     }
+    Ok(())
+}
+
+/// Seconds of `f`, run once.
+fn time(f: impl FnOnce() -> devalloc::Result<()>) -> Result<f64, Box<dyn std::error::Error>> {
+    let t = std::time::Instant::now();
+    f()?;
+    Ok(t.elapsed().as_secs_f64())
+}
+
+/// The median of `v`.
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// A copy across segments against the same copy into one buffer (see the module docs).
+fn bench(name: &str, backend: wgpu::Backend) -> Result<(), Box<dyn std::error::Error>> {
+    let (size, seg) = (64usize << 20, 16u64 << 20);
+    let whole = WgpuAllocator::with_options(backend, WgpuOptions::default())?;
+    let split = WgpuAllocator::with_options(
+        backend,
+        WgpuOptions { max_buffer_size: Some(seg), ..Default::default() },
+    )?;
+    let data: Vec<u8> = (0..size).map(|i| (i * 31 % 251) as u8).collect();
+    let mut back = vec![0u8; size];
+    let (pw, ps) = (whole.allocate(size, 0, 256)?, split.allocate(size, 0, 256)?);
+    assert_eq!((whole.segments(pw, 0, 0)?.len(), split.segments(ps, size as u64, 0)?.len() >= 4), (1, true));
+    let (mut up, mut down) = ([Vec::new(), Vec::new()], [Vec::new(), Vec::new()]);
+    for _ in 0..7 {
+        for (k, (a, p)) in [(&whole, pw), (&split, ps)].into_iter().enumerate() {
+            back.fill(0);
+            up[k].push(time(|| a.copy_host_to_device(p, &data, 0).and_then(|_| a.synchronize(0)))?);
+            down[k].push(time(|| a.copy_device_to_host(&mut back, p, 0))?);
+            if back != data {
+                return Err(format!("{name}: a 64 MiB round trip came back wrong ({} parts)", k + 1).into());
+            }
+        }
+    }
+    let gbps = |s: f64| size as f64 / s / 1e9;
+    let held = split.stats(0)?.reserved_bytes;
+    // What wgpu's own allocator holds beneath each (where the backend reports it).
+    let beneath = |a: &WgpuAllocator| {
+        let memory = a.snapshot().ok()?.devices.into_iter().next()?.device_memory?;
+        memory.backend_reserved_bytes
+    };
+    println!("# a 64 MiB copy into one buffer and into 16 MiB segments, {name}, median of 7, interleaved, verified");
+    println!("| copy | one buffer GB/s | segments GB/s | segments / one buffer |");
+    println!("|---|---|---|---|");
+    for (what, t) in [("host to device", &up), ("device to host", &down)] {
+        let (one, seg) = (gbps(median(t[0].clone())), gbps(median(t[1].clone())));
+        println!("| {what} | {one:.2} | {seg:.2} | {:.2}x |", seg / one);
+    }
+    println!(
+        "segmented memory held: {held} bytes for a {size}-byte allocation ({:.4}x)",
+        held as f64 / size as f64
+    );
+    if let (Some(w), Some(s)) = (beneath(&whole), beneath(&split)) {
+        println!(
+            "wgpu's allocator beneath: {w} bytes for one buffer, {s} for the segments ({:.4}x)",
+            s as f64 / w as f64
+        );
+    }
+    whole.deallocate(pw, 0)?;
+    split.deallocate(ps, 0)?;
     Ok(())
 }

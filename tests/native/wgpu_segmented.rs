@@ -231,3 +231,40 @@ fn segmented_binds_fill_their_slots_or_say_why_not() {
     a.deallocate(p, 0).unwrap();
     a.deallocate(q, 0).unwrap();
 }
+
+/// An app that opens its own device with lowered limits (4 MiB per buffer, 2 MiB per binding)
+/// and adopts it: devalloc reads the device's own limits, a 10 MiB allocation works through the
+/// plain contract with every copy across the seams, and its parts bind within 2 MiB each.
+#[test]
+fn an_adopted_device_with_lowered_limits_is_segmented_by_its_own_limits() {
+    for backend in [wgpu::Backend::Vulkan, wgpu::Backend::Gl] {
+        conformance::logging::init_for_tests();
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+        desc.backends = backend.into();
+        let instance = wgpu::Instance::new(desc);
+        let adapter = match pollster::block_on(instance.request_adapter(&Default::default())) {
+            Ok(a) => a,
+            Err(e) if conformance::in_ci() => panic!("no {backend:?} adapter under CI: {e}"),
+            Err(e) => return conformance::skip("an adopted segmented device", &e.to_string()),
+        };
+        let limits = wgpu::Limits {
+            max_buffer_size: 4 << 20,
+            max_storage_buffer_binding_size: 2 << 20,
+            ..adapter.limits()
+        };
+        let desc = wgpu::DeviceDescriptor { required_limits: limits, ..Default::default() };
+        let (device, queue) = pollster::block_on(adapter.request_device(&desc)).unwrap();
+        let a = WgpuAllocator::from_device(device, queue).unwrap();
+        let n = 10 << 20;
+        let (p, q) = (a.allocate(n, 0, 256).unwrap(), a.allocate(n, 0, 256).unwrap());
+        let data = pattern(n, 3);
+        a.copy_host_to_device(p, &data, 0).unwrap();
+        a.copy_device_to_device(q, 0, p, 0, n).unwrap();
+        assert!(read(&a, q, 0, n) == data, "{backend:?}: 10 MiB across 4 MiB buffers");
+        let parts = a.segments(p, n as u64, 0).unwrap();
+        let sizes: Vec<u64> = parts.iter().map(|r| r.len()).collect();
+        assert_eq!(sizes, [2 << 20; 5], "{backend:?}: three buffers (4, 4, 2 MiB), bound in 2 MiB parts");
+        a.deallocate(p, 0).unwrap();
+        a.deallocate(q, 0).unwrap();
+    }
+}
