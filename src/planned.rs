@@ -35,22 +35,57 @@ use crate::ptr::DevicePtr;
 /// assert_eq!((a, b, layout.size()), (0, 1024, 1028));
 /// # Ok::<(), devalloc::Error>(())
 /// ```
+///
+/// Where the planned buffer may pass one device buffer (wgpu: it is then several buffers,
+/// `WgpuAllocator::segment_size` bytes each), [`PlanLayout::with_segments`] keeps every tensor
+/// within one of them unless it is larger than one, so that each binds on its own.
 #[derive(Clone, Debug)]
 pub struct PlanLayout {
     alignment: usize,
     size: usize,
+    /// Tensors do not cross a multiple of this unless larger (0: no such rule).
+    segment: usize,
 }
 
 impl PlanLayout {
     /// An empty layout whose tensors start at multiples of `alignment` (a power of two).
     pub fn new(alignment: usize) -> Result<Self> {
         crate::checks::check_alignment(alignment)?;
-        Ok(PlanLayout { alignment, size: 0 })
+        Ok(PlanLayout { alignment, size: 0, segment: 0 })
+    }
+
+    /// An empty layout as [`PlanLayout::new`]'s whose tensors also never cross a multiple of
+    /// `segment` bytes (the planned buffer's seams between device buffers), unless a tensor is
+    /// larger than a segment: that one starts at a seam, so it crosses as few as it must.
+    /// `segment` must be a non-zero multiple of `alignment`.
+    ///
+    /// ```
+    /// # use devalloc::PlanLayout;
+    /// let mut layout = PlanLayout::with_segments(256, 4096)?;
+    /// let offsets = [layout.place(3000)?, layout.place(2000)?, layout.place(5000)?];
+    /// assert_eq!(offsets, [0, 4096, 8192]); // 2000 bytes at 3072 would cross 4096
+    /// # Ok::<(), devalloc::Error>(())
+    /// ```
+    pub fn with_segments(alignment: usize, segment: usize) -> Result<Self> {
+        crate::checks::check_alignment(alignment)?;
+        if segment == 0 || !segment.is_multiple_of(alignment) {
+            return Err(Error::invalid_argument(format!(
+                "a plan's segment of {segment} bytes must be a non-zero multiple of its alignment {alignment}"
+            )));
+        }
+        Ok(PlanLayout { alignment, size: 0, segment })
     }
 
     /// Places a tensor of `nbytes` after the ones placed so far; returns its offset.
     pub fn place(&mut self, nbytes: usize) -> Result<usize> {
-        let offset = self.size.checked_next_multiple_of(self.alignment);
+        let mut offset = self.size.checked_next_multiple_of(self.alignment);
+        if let Some(at) = offset.filter(|_| self.segment > 0 && nbytes > 0) {
+            let seam = (at / self.segment).checked_add(1).and_then(|k| k.checked_mul(self.segment));
+            let crosses = at.checked_add(nbytes).is_none_or(|end| seam.is_none_or(|s| end > s));
+            if crosses && !at.is_multiple_of(self.segment) {
+                offset = seam;
+            }
+        }
         let end = offset.and_then(|o| o.checked_add(nbytes));
         match (offset, end) {
             (Some(offset), Some(end)) => {
@@ -72,6 +107,11 @@ impl PlanLayout {
     /// The alignment of every offset.
     pub fn alignment(&self) -> usize {
         self.alignment
+    }
+
+    /// The segment no tensor crosses unless larger ([`PlanLayout::with_segments`]); 0 for none.
+    pub fn segment(&self) -> usize {
+        self.segment
     }
 }
 

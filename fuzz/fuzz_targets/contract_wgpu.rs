@@ -5,7 +5,8 @@
 //! unchanged stats after a refusal (staging may only shrink), stats equal to the model's, every
 //! allocation's bytes as written, and (wgpu's blocks never split, which the model knows from the
 //! device type) every cached byte given back by `empty_cache`. Each input frees what it made, so
-//! the next starts clean.
+//! the next starts clean. Buffers are at most 1 KiB, so that every allocation past it is
+//! several buffers (segments) and the calls cross their seams.
 #![no_main]
 
 #[path = "common/contract.rs"]
@@ -26,8 +27,10 @@ struct Input {
 fn allocator() -> &'static WgpuAllocator {
     static ALLOC: OnceLock<WgpuAllocator> = OnceLock::new();
     ALLOC.get_or_init(|| {
-        // Small staging chunks, so that copies of a few KiB already move in several steps.
-        let options = WgpuOptions { staging_chunk: Some(4 << 10), ..WgpuOptions::default() };
+        // Small staging chunks, so that copies of a few KiB already move in several steps;
+        // 1 KiB buffers, so that larger allocations are segmented.
+        let options =
+            WgpuOptions { staging_chunk: Some(4 << 10), max_buffer_size: Some(1 << 10), ..WgpuOptions::default() };
         WgpuAllocator::with_options(api::Backend::Vulkan, options)
             .unwrap_or_else(|e| panic!("no Vulkan adapter (is lavapipe installed?): {e}"))
     })

@@ -277,6 +277,13 @@ impl WgpuAllocator {
 }
 
 impl WgpuAllocator {
+    /// Bytes of each buffer (segment) of an allocation past the buffer limit on device `index`,
+    /// the last excepted: lay out a plan with [`crate::PlanLayout::with_segments`] and it, so that
+    /// no tensor crosses from one buffer into the next unless it must.
+    pub fn segment_size(&self, index: DeviceIndex) -> Result<u64> {
+        Ok(self.0.pool(index)?.storage().segment)
+    }
+
     /// The buffers behind `len` bytes at `ptr`, in order, each part within one buffer and at
     /// most the device's `max_storage_buffer_binding_size` (rounded down to its storage offset
     /// alignment), so that each can be bound on its own: one part for a range within one

@@ -268,3 +268,29 @@ fn an_adopted_device_with_lowered_limits_is_segmented_by_its_own_limits() {
         a.deallocate(q, 0).unwrap();
     }
 }
+
+/// A plan laid out with the allocator's segment size keeps each tensor within one buffer unless
+/// it is larger than one, so that each binds on its own; without it, one would straddle.
+#[test]
+fn a_plan_laid_out_by_segments_binds_every_tensor_that_fits_one_buffer() {
+    let Some(a) = vulkan(segmented(Some(Route::Staged))) else { return };
+    let (align, seg) = (a.binding_alignment(0).unwrap(), a.segment_size(0).unwrap() as usize);
+    assert_eq!(seg, 1024);
+    let sizes = [700usize, 600, 1024, 100, 2500, 8];
+    let mut layout = devalloc::PlanLayout::with_segments(align, seg).unwrap();
+    let offsets: Vec<usize> = sizes.iter().map(|&n| layout.place(n).unwrap()).collect();
+    let p = a.allocate(layout.size(), 0, 256).unwrap();
+    for (&off, &n) in offsets.iter().zip(&sizes) {
+        let at = p.offset(off).unwrap();
+        let parts = a.segments(at, n as u64, 0).unwrap().len();
+        assert_eq!(parts, n.div_ceil(seg), "{n} bytes at {off}: {parts} buffers");
+        if n <= seg {
+            a.buffer_range(at, n as u64, 0).unwrap();
+        }
+    }
+    a.deallocate(p, 0).unwrap();
+    let mut plain = devalloc::PlanLayout::new(align).unwrap();
+    let (first, second) = (plain.place(700).unwrap(), plain.place(600).unwrap());
+    assert!(first / seg != (second + 599) / seg, "without segments the second tensor straddles");
+    assert!(devalloc::PlanLayout::with_segments(256, 1000).is_err());
+}
