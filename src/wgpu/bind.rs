@@ -37,8 +37,8 @@ pub struct BindTarget {
 
 impl BindTarget {
     /// `len` bytes at `ptr` bound as `slots` consecutive bindings from the bind's binding
-    /// number on, one per part of [`WgpuAllocator::segments`] (a tensor past one buffer or one
-    /// binding: the shader declares `slots` arrays and indexes part `i / part_len`, see
+    /// number on, one per part of [`WgpuAllocator::segments`] (for a uniform bind, parts within
+    /// `max_uniform_buffer_binding_size`) (a tensor past one buffer or one binding: the shader declares `slots` arrays and indexes part `i / part_len`, see
     /// `examples/segmented.rs`). A range of fewer parts fills the slots left with its last part
     /// again (for `read` and `uniform` binds; a `read_write` one must have a part per slot); a
     /// range of more parts than slots is an error that says how many it needs.
@@ -230,7 +230,8 @@ impl WgpuAllocator {
             }?;
             return Ok(vec![(b.binding, range)]);
         };
-        let parts = self.segments(m.ptr, m.len.unwrap_or(0), index)?;
+        let kind = if b.access == Access::Uniform { BindingKind::Uniform } else { BindingKind::Storage };
+        let parts = self.parts_for(m.ptr, m.len.unwrap_or(0), index, kind)?;
         let (count, last) = (parts.len(), parts.last().cloned());
         if slots == 0 || count > slots as usize || (count < slots as usize && b.access == Access::ReadWrite) {
             return Err(Error::invalid_argument(format!(

@@ -254,15 +254,23 @@ impl WgpuAllocator {
         if !app.usage().contains(usage) {
             return refuse(format!("the buffer lacks {flag} usage"));
         }
-        // On the direct route the buffers may be mapped by a copy right now: wait for them.
         let pieces = r.block.pieces(r.offset, len);
+        if pieces.iter().any(|(seg, ..)| seg.buffer == *app) {
+            return refuse("it is this allocation's own buffer: copy within devalloc memory instead".into());
+        }
+        // On the direct route the buffers may be mapped by a copy right now: wait for them,
+        // taking their locks in address order, as every copy does (no two copies wait on each
+        // other in a circle).
         let mut held = Vec::new();
         if s.route == Route::Direct {
-            for (seg, ..) in &pieces {
+            let mut segments: Vec<&super::block::WgpuBlock> = pieces.iter().map(|p| p.0).collect();
+            segments.sort_by_key(|seg| *seg as *const super::block::WgpuBlock);
+            for seg in segments {
                 held.push(seg.lock_blocking(&s.gpu)?);
             }
         }
-        s.gpu
+        let submitted = s
+            .gpu
             .submit("devalloc app-buffer copy", |enc| {
                 for (seg, within, n, at) in &pieces {
                     if to_app {
@@ -272,7 +280,9 @@ impl WgpuAllocator {
                     }
                 }
             })
-            .map(drop)
+            .map(drop);
+        // A failure on a buffer the app destroyed: none of these is reused.
+        pieces.iter().fold(submitted, |r, (seg, ..)| s.spoil_on(seg, r))
     }
 }
 
@@ -293,10 +303,30 @@ impl WgpuAllocator {
     /// Checked against the allocation as [`WgpuAllocator::buffer_range`] is; an empty range is
     /// one empty part.
     pub fn segments(&self, ptr: DevicePtr, len: u64, index: DeviceIndex) -> Result<Vec<BufferRange>> {
+        self.parts_for(ptr, len, index, BindingKind::Storage)
+    }
+
+    /// [`WgpuAllocator::segments`], each part within what a binding of `kind` may hold
+    /// (`max_uniform_buffer_binding_size` for a uniform one).
+    pub(super) fn parts_for(
+        &self,
+        ptr: DevicePtr,
+        len: u64,
+        index: DeviceIndex,
+        kind: BindingKind,
+    ) -> Result<Vec<BufferRange>> {
         let parts = self.segments_of(ptr, len, index)?;
         let l = &self.0.pool(index)?.storage().limits;
-        let align = u64::from(l.min_storage_buffer_offset_alignment).max(4);
-        let most = (l.max_storage_buffer_binding_size / align * align).max(align);
+        let (align, size) = match kind {
+            BindingKind::Storage => {
+                (l.min_storage_buffer_offset_alignment, l.max_storage_buffer_binding_size)
+            }
+            BindingKind::Uniform => {
+                (l.min_uniform_buffer_offset_alignment, l.max_uniform_buffer_binding_size)
+            }
+        };
+        let align = u64::from(align).max(4);
+        let most = (size / align * align).max(align);
         let mut out = Vec::new();
         for part in parts {
             let mut at = part.range.start;

@@ -40,11 +40,11 @@ pub struct WgpuStorage {
     /// Usage of a buffer allocated without one of its own, copy (and map) flags included.
     pub(super) default_usage: wgpu::BufferUsages,
     /// The largest block made of one buffer: the device's `max_buffer_size` or
-    /// [`WgpuOptions::max_buffer_size`], whichever is less (whole words). A block past it is
-    /// several buffers (see `segments.rs`).
+    /// [`WgpuOptions::max_buffer_size`], whichever is less, rounded down to the device's binding
+    /// alignment. A block past it is several buffers (see `segments.rs`).
     pub(super) limit: u64,
-    /// Bytes of each segment of such a block but the last: `limit` rounded down to the
-    /// device's binding alignment, so that every segment starts where a binding may.
+    /// Bytes of each segment of such a block but the last (`limit`); 0 where the device's
+    /// limit is under its binding alignment, and nothing is segmented.
     pub(super) segment: u64,
     /// Buffers the browser refused after `alloc` returned them (out of memory), so far.
     pub(super) refusals: Arc<AtomicU64>,
@@ -70,7 +70,12 @@ impl WgpuStorage {
         let align = u64::from(
             limits.min_storage_buffer_offset_alignment.max(limits.min_uniform_buffer_offset_alignment),
         );
-        let segment = if limit >= align { limit / align * align } else { limit };
+        // One buffer up to the limit rounded down to the binding alignment, segments of that
+        // size past it: so that a request within it always lies in one buffer, even on a
+        // segmented block the cache hands it. A device whose limit is under the alignment
+        // segments nothing (its segments could not be bound).
+        let (limit, segment) =
+            if limit >= align { (limit / align * align, limit / align * align) } else { (limit, 0) };
         Ok(WgpuStorage { gpu, belt, route, limits, default_usage, limit, segment, refusals })
     }
 
@@ -382,6 +387,9 @@ const MAX_SEGMENTED_WASM: u64 = 1 << 30;
 
 /// The largest block of a storage whose one-buffer limit is `limit` and segment `segment`.
 fn max_block(limit: u64, segment: u64) -> u64 {
+    if segment == 0 {
+        return limit;
+    }
     let most = segment.saturating_mul(MAX_SEGMENTS);
     let most = if cfg!(target_arch = "wasm32") { most.min(MAX_SEGMENTED_WASM) } else { most };
     limit.max(most)

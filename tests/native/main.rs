@@ -6,7 +6,8 @@
 //! callbacks, async copies dropped mid-map: `wgpu_hostile`), wgpu copies under hostile use
 //! (bounded work per async poll, drops at any poll, destroy mid-copy: `wgpu_copies`), what wgpu
 //! holds beneath the pool (bindings after churn, memory hints: `wgpu_memory`), allocations past
-//! one buffer (the suite on segmented memory, the seams' hostile cases: `wgpu_segmented`), and CUDA
+//! one buffer (the suite on segmented memory, the seams' hostile cases: `wgpu_segmented`; what a
+//! hostile review found: `wgpu_segments_found`), and CUDA
 //! where a driver is (`cuda`, feature `cuda`). `util` holds the hostile tests' small helpers;
 //! `fuzz_found` keeps each input the fuzzers found as a test.
 //!
@@ -49,3 +50,5 @@ mod wgpu_hostile;
 mod wgpu_memory;
 #[cfg(feature = "wgpu")]
 mod wgpu_segmented;
+#[cfg(feature = "wgpu")]
+mod wgpu_segments_found;
