@@ -38,7 +38,8 @@ pub struct BindTarget {
 impl BindTarget {
     /// `len` bytes at `ptr` bound as `slots` consecutive bindings from the bind's binding
     /// number on, one per part of [`WgpuAllocator::segments`] (for a uniform bind, parts within
-    /// `max_uniform_buffer_binding_size`) (a tensor past one buffer or one binding: the shader declares `slots` arrays and indexes part `i / part_len`, see
+    /// `max_uniform_buffer_binding_size`): a tensor past one buffer or one binding, which the
+    /// shader declares as `slots` arrays and indexes as part `i / part_len` (see
     /// `examples/segmented.rs`). A range of fewer parts fills the slots left with its last part
     /// again (for `read` and `uniform` binds; a `read_write` one must have a part per slot); a
     /// range of more parts than slots is an error that says how many it needs.

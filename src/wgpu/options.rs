@@ -64,8 +64,8 @@ pub struct WgpuOptions {
     /// larger device allocations.
     pub memory_hints: wgpu::MemoryHints,
     /// The largest buffer devalloc makes; `None` (the default): the device's `max_buffer_size`.
-    /// An allocation past it is served as one address range over several buffers, its
-    /// segments, each at most this size (see [`crate::wgpu::WgpuAllocator::segments`]). Set it
+    /// An allocation past it (rounded down to the device's binding alignment) is served as one
+    /// address range over several buffers, its segments, each of that size but the last (see [`crate::wgpu::WgpuAllocator::segments`]). Set it
     /// below the device's to test segmented memory at small sizes, or to leave room on a
     /// device shared with others. At least 256 bytes.
     pub max_buffer_size: Option<u64>,

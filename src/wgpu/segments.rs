@@ -49,7 +49,7 @@ impl WgpuBlock {
             let pos = offset + at;
             let i = (pos / segment) as usize;
             let within = pos - i as u64 * segment;
-            let Some(seg) = self.segments().nth(i) else { break };
+            let Some(seg) = (if i == 0 { Some(self) } else { self.rest.get(i - 1) }) else { break };
             let n = (seg.buffer.size() - within).min(len - at);
             out.push((seg, within, n, at));
             at += n;
