@@ -7,11 +7,11 @@
 //! range's parts, whatever their number (up to four), and the output is bound the same way.
 //! The result (`y = 2x + 1`) is checked against the CPU, element by element.
 //!
-//!     cargo run --release --example segmented [vulkan|gl|metal|dx12] [--bench]
+//!     cargo run --release --example segmented [vulkan|gl|metal|dx12] [--bench [--segment-mib N]]
 //!
-//! `--bench`: a 64 MiB copy up and down, into one buffer and into four 16 MiB segments (two
-//! allocators on the same adapter), interleaved, median of 7 rounds, every result checked;
-//! and what the segmented allocation holds against its size.
+//! `--bench`: a 64 MiB copy up and down, into one buffer and into 16 MiB segments (or N MiB:
+//! more seams; two allocators on the same adapter), interleaved, median of 7 rounds, every
+//! result checked; and what the segmented allocation holds against its size.
 #[path = "support/logging.rs"]
 mod logging;
 
@@ -72,7 +72,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         other => return Err(format!("unknown backend {other:?}").into()),
     };
     if args.iter().any(|a| a == "--bench") {
-        return bench(&name, backend);
+        let mib = match args.iter().position(|a| a == "--segment-mib") {
+            Some(i) => args
+                .get(i + 1)
+                .and_then(|v| v.parse::<u64>().ok())
+                .filter(|m| (1..64).contains(m))
+                .ok_or("--segment-mib takes a whole number of MiB from 1 to 63")?,
+            None => 16,
+        };
+        return bench(&name, backend, mib << 20);
     }
     let max_buffer = 1u64 << 20;
     let options = WgpuOptions { max_buffer_size: Some(max_buffer), ..Default::default() };
@@ -150,8 +158,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// A copy across segments against the same copy into one buffer (see the module docs).
-fn bench(name: &str, backend: wgpu::Backend) -> Result<(), Box<dyn std::error::Error>> {
-    let (size, seg) = (64usize << 20, 16u64 << 20);
+fn bench(name: &str, backend: wgpu::Backend, seg: u64) -> Result<(), Box<dyn std::error::Error>> {
+    let size = 64usize << 20;
     let whole = WgpuAllocator::with_options(backend, WgpuOptions::default())?;
     let split = WgpuAllocator::with_options(
         backend,
@@ -179,7 +187,11 @@ fn bench(name: &str, backend: wgpu::Backend) -> Result<(), Box<dyn std::error::E
         let memory = a.snapshot().ok()?.devices.into_iter().next()?.device_memory?;
         memory.backend_reserved_bytes
     };
-    println!("# a 64 MiB copy into one buffer and into 16 MiB segments, {name}, median of 7, interleaved, verified");
+    let parts = split.segments(ps, size as u64, 0)?.len();
+    println!(
+        "# a 64 MiB copy into one buffer and into {} MiB segments ({parts} parts), {name}, median of 7, interleaved, verified",
+        seg >> 20
+    );
     println!("| copy | one buffer GB/s | segments GB/s | segments / one buffer |");
     println!("|---|---|---|---|");
     for (what, t) in [("host to device", &up), ("device to host", &down)] {

@@ -11,7 +11,9 @@
 //!     "stats": { "allocated_bytes": .., "reserved_bytes": .., "cached_bytes": .., ... },   // AllocatorStats
 //!     "memory_limit": 1048576 | null,
 //!     "device_memory": { "total_bytes": .., "free_bytes": .., "backend_allocated_bytes": .., "backend_reserved_bytes": .. } | null,
-//!     "live": [{ "addr": "0x2000000000001000", "size": .., "capacity": .., "label": "kv-cache" | null, "block": 17 }],
+//!     "live": [{ "addr": "0x2000000000001000", "size": .., "capacity": .., "label": "kv-cache" | null, "block": 17,
+//!                "tensors": [{ "label": .., "offset": .., "size": .. }],     // where named, else absent
+//!                "segments": [{ "offset": 0, "size": .. }, ..] }],          // several buffers, else absent
 //!     "cached": [{ "capacity": .., "count": .. }],
 //!     "planned": [{ "memory_id": 0, "addr": .., "size": .. }],
 //!     "history": null | {
@@ -166,6 +168,19 @@ pub struct LiveAllocation {
     /// `DeviceAllocator::label_tensors`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tensors: Vec<TensorNote>,
+    /// The device buffers it lies in, in address order, where it is more than one: an
+    /// allocation past one wgpu buffer's limit is several, its segments (empty otherwise).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub segments: Vec<SegmentNote>,
+}
+
+/// One device buffer of an allocation made of several (see [`LiveAllocation::segments`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentNote {
+    /// Where it starts, from the allocation's start.
+    pub offset: u64,
+    /// Its bytes (the buffer's size: the last one may end past the bytes asked for).
+    pub size: u64,
 }
 
 /// A named range inside an allocation: a tensor of a planned buffer.
@@ -347,6 +362,7 @@ mod tests {
                 label: None,
                 block: 1,
                 tensors: Vec::new(),
+                segments: vec![SegmentNote { offset: 0, size: 128 }, SegmentNote { offset: 128, size: 128 }],
             }],
             cached: vec![],
             planned: vec![PlannedBuffer { memory_id: 0, addr, size: 1 }],

@@ -120,6 +120,13 @@ pub trait Storage: WasmNotSendSync {
         None
     }
 
+    /// The sizes of the device buffers `block` is made of, in address order, where it is more
+    /// than one (wgpu's segments, past one buffer's limit); empty (the default) for one.
+    fn segment_sizes(&self, block: &Self::Block) -> Vec<u64> {
+        let _ = block;
+        Vec::new()
+    }
+
     /// Bytes of staging memory the storage holds now (reported as
     /// [`crate::AllocatorStats::staging_bytes`]).
     fn staging_bytes(&self) -> u64 {

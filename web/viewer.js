@@ -46,11 +46,17 @@ export function timeline(dev) {
     if (!seen.has(String(l.addr)) && !live.has(String(l.addr))) live.set(String(l.addr), { ...l, order: order++, before: true });
   }
   const before = live.size;
+  // The buffers of an allocation made of several (wgpu's segments), which only the snapshot's
+  // live list says: given to the last allocation made at that address, the one still live.
+  const segments = new Map((dev.live || []).filter((l) => Array.isArray(l.segments) && l.segments.length)
+    .map((l) => [String(l.addr), l.segments]));
+  const lastAlloc = new Map(events.filter((e) => e.kind === "alloc").map((e) => [String(e.addr), e]));
   let cached = 0;
   const steps = [{ live: [...live.values()], cached, event: null }];
   for (const e of events) {
     if (e.kind === "alloc") {
-      live.set(String(e.addr), { addr: e.addr, size: e.size, capacity: e.capacity, label: e.label, order: order++ });
+      const segs = lastAlloc.get(String(e.addr)) === e ? segments.get(String(e.addr)) : undefined;
+      live.set(String(e.addr), { addr: e.addr, size: e.size, capacity: e.capacity, label: e.label, order: order++, segments: segs });
       if (e.from_cache) cached = Math.max(0, cached - e.capacity);
     } else if (e.kind === "free") {
       live.delete(String(e.addr));
@@ -173,10 +179,14 @@ function legend(el, families, colour, hasPlanned) {
 const tensorsOf = (a) => (a.tensors && a.tensors.length
   ? ` <span class="tensors">(tensors: ${a.tensors.map((t) => `${esc(t.label)} ${human(t.size)} at +${esc(t.offset)}`).join(", ")})</span>` : "");
 
+// The device buffers of an allocation past one buffer's limit, as the tables show them.
+const segmentsOf = (a) => (Array.isArray(a.segments) && a.segments.length
+  ? ` <span class="segments">(in ${a.segments.length} buffers: ${a.segments.map((g) => esc(human(Number(g && g.size)))).join(", ")})</span>` : "");
+
 function peakTable(el, steps) {
   const peak = steps.reduce((p, s) => (s.allocated > p.allocated ? s : p), steps[0]);
   const rows = [...peak.live].sort((a, b) => b.size - a.size).slice(0, 10)
-    .map((a) => `<tr><td>${esc(a.label || "unlabelled")}${tensorsOf(a)}</td><td>${human(a.size)}</td><td>${hex(a.addr)}</td></tr>`).join("");
+    .map((a) => `<tr><td>${esc(a.label || "unlabelled")}${tensorsOf(a)}${segmentsOf(a)}</td><td>${human(a.size)}</td><td>${hex(a.addr)}</td></tr>`).join("");
   el.innerHTML = `<caption>largest allocations at the peak of this history: ${human(peak.allocated)} allocated${peak.event ? ` after event ${peak.event.seq}` : ""}</caption>`
     + `<thead><tr><th>label</th><th>size</th><th>address</th></tr></thead><tbody>${rows}</tbody>`;
   return peak;

@@ -137,7 +137,10 @@ async function hostileSnapshot(page) {
     { seq: 0, time_us: 0, kind: "alloc", addr, size: 64, capacity: 256, label: evil, from_cache: false },
     { seq: 1, time_us: 1, kind: "tensors", addr, tensors: [{ label: evil, offset: 0, size: 64 }] },
   ];
-  const snap = { format: "devalloc-snapshot", devices: [{ device: evil, name: evil, stats, live: [], history: { capacity: 16, dropped: 0, events } }] };
+  // Live at the end, in two buffers (an allocation past one wgpu buffer), one size not a number.
+  const segments = [{ offset: 0, size: 128 }, { offset: 128, size: evil }];
+  const live = [{ addr, size: 64, capacity: 256, label: evil, block: 1, segments }];
+  const snap = { format: "devalloc-snapshot", devices: [{ device: evil, name: evil, stats, live, history: { capacity: 16, dropped: 0, events } }] };
   const name = "hostile-snapshot.json";
   await page.setInputFiles("#viewer-file", { name, mimeType: "application/json", buffer: Buffer.from(JSON.stringify(snap)) });
   await page.waitForFunction((n) => document.getElementById("viewer-summary").textContent.includes(n), name, { timeout: 30_000 });
@@ -146,6 +149,8 @@ async function hostileSnapshot(page) {
     peak: document.getElementById("viewer-peak").textContent, events: document.getElementById("viewer-events").textContent }));
   check("a snapshot whose labels and names are HTML shows them as text and runs nothing",
     r.ran === undefined && r.imgs === 0 && r.peak.includes(evil) && r.events.includes("tensors named: <img"));
+  check(`the peak table lists an allocation's buffers where it has several (${r.peak.match(/\(in [^)]*\)/)})`,
+    /\(in 2 buffers: 128 B, [^)<]*\)/.test(r.peak));
 }
 
 const port = await freePort();

@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use super::{lock, Live, Pool, State};
 use crate::error::Error;
-use crate::snapshot::{CachedBlocks, DeviceSnapshot, LiveAllocation, PlannedBuffer};
+use crate::snapshot::{CachedBlocks, DeviceSnapshot, LiveAllocation, PlannedBuffer, SegmentNote};
 use crate::storage::Storage;
 
 impl<S: Storage> Pool<S> {
@@ -31,10 +31,10 @@ impl<S: Storage> Pool<S> {
     pub fn live_allocations(&self) -> Vec<LiveAllocation> {
         let mut state = lock(&self.state);
         self.sweep_refused(&mut state);
-        Self::live_in(&state)
+        self.live_in(&state)
     }
 
-    fn live_in(state: &State<S>) -> Vec<LiveAllocation> {
+    fn live_in(&self, state: &State<S>) -> Vec<LiveAllocation> {
         state
             .live
             .iter()
@@ -45,6 +45,23 @@ impl<S: Storage> Pool<S> {
                 label: l.label.as_deref().map(Into::into),
                 block: l.block_id,
                 tensors: l.tensors.to_vec(),
+                segments: self.segments_of(l),
+            })
+            .collect()
+    }
+
+    /// The device buffers of a live allocation, where it lies in several (offsets from its
+    /// start: a segmented block is never split, so the allocation starts where it does).
+    fn segments_of(&self, l: &Live<S>) -> Vec<SegmentNote> {
+        let mut offset = 0u64;
+        let sizes = self.storage.segment_sizes(&l.block);
+        let at = l.at();
+        sizes
+            .into_iter()
+            .map(|size| {
+                let note = SegmentNote { offset: offset.saturating_sub(at), size };
+                offset += size;
+                note
             })
             .collect()
     }
@@ -55,7 +72,7 @@ impl<S: Storage> Pool<S> {
         let (mut s, live) = {
             let mut state = lock(&self.state);
             self.sweep_refused(&mut state);
-            (state.stats, Self::live_in(&state))
+            (state.stats, self.live_in(&state))
         };
         s.staging_bytes = self.storage.staging_bytes();
         let mut out = format!(
@@ -90,7 +107,7 @@ impl<S: Storage> Pool<S> {
         let (mut stats, live, cached, planned, history) = {
             let mut state = lock(&self.state);
             self.sweep_refused(&mut state);
-            let live = Self::live_in(&state);
+            let live = self.live_in(&state);
             // Whole cached blocks and the free ranges of split ones, by capacity.
             let mut by = state.pieces.counts();
             for (capacity, count) in state.cache.counts() {

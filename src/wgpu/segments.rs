@@ -34,6 +34,14 @@ impl WgpuBlock {
         std::iter::once(self).chain(self.rest.iter())
     }
 
+    /// The sizes of its buffers where it has several; empty for one.
+    pub(crate) fn segment_sizes(&self) -> Vec<u64> {
+        match self.is_segmented() {
+            true => self.segments().map(|s| s.buffer.size()).collect(),
+            false => Vec::new(),
+        }
+    }
+
     /// Bytes of the whole block, every segment.
     pub(crate) fn size(&self) -> u64 {
         self.segments().map(|s| s.buffer.size()).sum()

@@ -269,6 +269,10 @@ impl Storage for WgpuStorage {
         })
     }
 
+    fn segment_sizes(&self, block: &WgpuBlock) -> Vec<u64> {
+        block.segment_sizes()
+    }
+
     /// The wgpu buffer is named after the block (`name`: its id and capacity), which stays true
     /// while the block is cached and reused by other allocations; devalloc keeps each
     /// allocation's own label in its records, reports and snapshots (with the block id).

@@ -125,6 +125,21 @@ fn segments_are_listed_bound_and_not_doubled() {
     let e = a.buffer_range(p.offset(1000).unwrap(), 100, 0).unwrap_err();
     assert!(e.to_string().contains("segments"), "{e}");
     assert!(a.buffer(p, 0).is_err(), "buffer() from the start spans three buffers");
+    // The snapshot lists the allocation once, with its three buffers; a one-buffer one with none.
+    let small = a.allocate(100, 0, 256).unwrap();
+    let snap = a.snapshot().unwrap();
+    let live = &snap.devices[0].live;
+    let (big, one) = (
+        live.iter().find(|l| l.addr == p.addr()).unwrap(),
+        live.iter().find(|l| l.addr == small.addr()).unwrap(),
+    );
+    let spans: Vec<(u64, u64)> = big.segments.iter().map(|s| (s.offset, s.size)).collect();
+    assert_eq!(spans, [(0, 1024), (1024, 1024), (2048, big.capacity - 2048)], "{big:?}");
+    assert!(one.segments.is_empty(), "{one:?}");
+    let json = snap.to_json();
+    assert!(json.contains(r#""segments":[{"offset":0,"size":1024},{"offset":1024,"#), "{json}");
+    assert_eq!(devalloc::snapshot::Snapshot::from_json(&json).unwrap(), snap, "segments read back");
+    a.deallocate(small, 0).unwrap();
     assert_eq!(a.buffer(p.offset(2100).unwrap(), 0).unwrap().range, 52..952);
     // An app buffer, both ways across the seams.
     let device = a.device(0).unwrap();
