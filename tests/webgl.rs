@@ -72,6 +72,29 @@ fn webgl_tiny() -> conformance::Made {
     })
 }
 
+/// Allocations past one buffer (issue 40): 64 KiB buffers, so that the suite's larger
+/// allocations are several buffers each, every copy cut at their seams.
+fn webgl_segmented() -> conformance::Made {
+    Box::pin(async {
+        let options = WgpuOptions {
+            staging_chunk: Some(64 << 10),
+            max_buffer_size: Some(64 << 10),
+            ..Default::default()
+        };
+        adopt(options).await.map(|a| Box::new(a) as Box<dyn DeviceAllocator>)
+    })
+}
+
+mod webgl_segmented {
+    use super::*;
+    conformance_tests!(webgl_segmented, conformance::Need::Always, conformance::Caching::On);
+
+    #[wasm_bindgen_test]
+    async fn model_check() {
+        conformance::model::model_check_seeded(webgl_segmented, 4).await;
+    }
+}
+
 /// Headless Chromium always offers WebGL2 (on SwiftShader): a missing adapter fails.
 mod webgl {
     use super::*;
