@@ -62,11 +62,35 @@ pub(crate) fn area_order(tensors: &[TensorLife]) -> Vec<usize> {
 /// tensor the scan walks them in offset order, skips those whose lifetime does not overlap it,
 /// and remembers the smallest gap between overlapping ones that can hold it.
 pub(crate) fn best_fit(tensors: &[TensorLife], alignment: u64, order: &[usize]) -> Result<Vec<u64>, Error> {
+    best_fit_within(tensors, alignment, order, 0, &[])
+}
+
+/// [`best_fit`] for a buffer of segments of `seam` bytes (0: one buffer): each tensor goes at
+/// the lowest aligned offset of a gap at which it does not cross a seam (one larger than a
+/// segment, at a seam), as [`super::plan_segmented`] promises. `fixed`: tensors already
+/// placed, at their offsets (not in `order`).
+pub(crate) fn best_fit_within(
+    tensors: &[TensorLife],
+    alignment: u64,
+    order: &[usize],
+    seam: u64,
+    fixed: &[(usize, u64)],
+) -> Result<Vec<u64>, Error> {
     let n = tensors.len();
     let mut offsets = vec![0u64; n];
     // Placed tensors in offset order: lifetimes, offset, aligned end.
     let (mut p_first, mut p_last) = (Vec::with_capacity(n), Vec::with_capacity(n));
     let (mut p_off, mut p_top) = (Vec::<u64>::with_capacity(n), Vec::with_capacity(n));
+    let mut fixed = fixed.to_vec();
+    fixed.sort_unstable_by_key(|&(_, o)| o);
+    for (i, off) in fixed {
+        let end = off.checked_add(tensors[i].size).ok_or_else(|| overflow(i))?;
+        p_first.push(tensors[i].first);
+        p_last.push(tensors[i].last);
+        p_off.push(off);
+        p_top.push(align_up(end, alignment).unwrap_or(u64::MAX));
+        offsets[i] = off;
+    }
     for &i in order {
         let t = tensors[i];
         let mut prev = 0u64;
@@ -78,13 +102,18 @@ pub(crate) fn best_fit(tensors: &[TensorLife], alignment: u64, order: &[usize]) 
             let cur = p_off[k];
             if cur >= prev {
                 let gap = cur - prev;
-                if gap >= t.size && best.is_none_or(|(g, _)| gap < g) {
-                    best = Some((gap, prev));
+                let at = within_segment(prev, t.size, seam);
+                let fits = at.and_then(|a| a.checked_add(t.size)).is_some_and(|end| end <= cur);
+                if fits && best.is_none_or(|(g, _)| gap < g) {
+                    best = Some((gap, at.unwrap_or(prev)));
                 }
             }
             prev = prev.max(p_top[k]);
         }
-        let off = best.map_or(prev, |(_, o)| o);
+        let off = match best {
+            Some((_, o)) => o,
+            None => within_segment(prev, t.size, seam).ok_or_else(|| overflow(i))?,
+        };
         let end = off.checked_add(t.size).ok_or_else(|| overflow(i))?;
         // Nothing can go above a tensor whose aligned end is past u64.
         let top = align_up(end, alignment).unwrap_or(u64::MAX);
@@ -96,6 +125,19 @@ pub(crate) fn best_fit(tensors: &[TensorLife], alignment: u64, order: &[usize]) 
         offsets[i] = off;
     }
     Ok(offsets)
+}
+
+/// The lowest offset from `at` where `size` bytes cross no multiple of `seam` (0: `at`
+/// itself); more than `seam` bytes start at one. `None` past `u64`.
+pub(crate) fn within_segment(at: u64, size: u64, seam: u64) -> Option<u64> {
+    if seam == 0 || at.is_multiple_of(seam) {
+        return Some(at);
+    }
+    let next = (at / seam + 1).checked_mul(seam)?;
+    match size > seam || at.checked_add(size)? > next {
+        true => Some(next),
+        false => Some(at),
+    }
 }
 
 /// One "shared object" of [`executorch_greedy`]: a slab with members at offsets inside it.

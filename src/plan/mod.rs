@@ -33,7 +33,8 @@
 //! ```
 //!
 //! [`crate::PlannedMemory::from_plan`] allocates a plan's buffer, and
-//! [`crate::PlannedMemory::tensor`] gives each tensor's address.
+//! [`crate::PlannedMemory::tensor`] gives each tensor's address. For a buffer past one wgpu
+//! buffer's limit, [`plan_segmented`] keeps each tensor within one of its segments.
 mod csv;
 mod dive;
 mod driver;
@@ -42,11 +43,13 @@ mod heuristics;
 mod preorder;
 mod problem;
 mod search;
+mod segments;
 mod state;
 mod validate;
 
 pub use csv::Instance;
 pub use heuristics::{executorch_greedy, greedy_by_size, one_after_another};
+pub use segments::{check_segments, plan_segmented};
 pub use validate::{check, lower_bound};
 
 use crate::error::Error;

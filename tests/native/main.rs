@@ -26,6 +26,7 @@ mod host;
 mod inputs;
 mod plan;
 mod plan_search;
+mod plan_segments;
 mod pool_budget;
 mod pool_budget_hostile;
 mod pool_policy;

@@ -308,4 +308,26 @@ fn a_plan_laid_out_by_segments_binds_every_tensor_that_fits_one_buffer() {
     let (first, second) = (plain.place(700).unwrap(), plain.place(600).unwrap());
     assert!(first / seg != (second + 599) / seg, "without segments the second tensor straddles");
     assert!(devalloc::PlanLayout::with_segments(256, 1000).is_err());
+    // The planner's own plans, laid out by the allocator's segments: the same for tensors with
+    // lifetimes, each in one buffer unless larger than one (then from a seam).
+    let t = |size, first, last| devalloc::plan::TensorLife { size, first, last };
+    let tensors =
+        [t(700, 0, 2), t(600, 1, 3), t(1024, 2, 4), t(100, 0, 5), t(2500, 3, 5), t(8, 4, 5), t(900, 5, 6)];
+    let free = devalloc::plan::plan(&tensors, align as u64, devalloc::plan::Strategy::Fast).unwrap();
+    assert!(devalloc::plan::check_segments(&tensors, free.offsets(), seg as u64).is_err(), "one straddles");
+    let planned =
+        devalloc::plan::plan_segmented(&tensors, align as u64, seg as u64, devalloc::plan::Strategy::Fast)
+            .unwrap();
+    let memory = devalloc::PlannedMemory::from_plan(&a, &planned, 0).unwrap();
+    for (i, x) in tensors.iter().enumerate() {
+        let tensor = memory.tensor(i).unwrap();
+        assert_eq!(
+            a.segments(tensor.ptr, x.size, 0).unwrap().len() as u64,
+            x.size.div_ceil(seg as u64),
+            "{i}"
+        );
+        if x.size <= seg as u64 {
+            a.buffer_range(tensor.ptr, x.size, 0).unwrap();
+        }
+    }
 }
