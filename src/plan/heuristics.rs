@@ -133,8 +133,10 @@ pub(crate) fn within_segment(at: u64, size: u64, seam: u64) -> Option<u64> {
     if seam == 0 || at.is_multiple_of(seam) {
         return Some(at);
     }
-    let next = (at / seam + 1).checked_mul(seam)?;
-    match size > seam || at.checked_add(size)? > next {
+    let end = at.checked_add(size)?;
+    // No multiple of `seam` above `at` within u64: the last window, cut off, has no seam.
+    let Some(next) = (at / seam + 1).checked_mul(seam) else { return (size <= seam).then_some(at) };
+    match size > seam || end > next {
         true => Some(next),
         false => Some(at),
     }

@@ -2,7 +2,7 @@
 //! [`check_segments`].
 
 use super::heuristics::{area_order, best_fit_within, size_order, within_segment};
-use super::validate::{lower_bound, validate};
+use super::validate::{lower_bound, validate, validate_tensors};
 use super::{plan, Error, MemoryPlan, Strategy, TensorLife};
 
 /// Plans like [`plan`], for a buffer that will be several device buffers of `segment` bytes
@@ -69,7 +69,8 @@ pub fn plan_segmented(
 
 /// Checks that `offsets` keep every tensor within one `segment` of the buffer unless it is
 /// larger than one, and that such a one starts at a multiple of `segment` (what
-/// [`plan_segmented`] promises); an error names the first tensor that does not.
+/// [`plan_segmented`] promises); an error names the first tensor that does not, or that is
+/// not a tensor (size 0, `first > last`) or ends past `u64`.
 pub fn check_segments(tensors: &[TensorLife], offsets: &[u64], segment: u64) -> Result<(), Error> {
     if segment == 0 || offsets.len() != tensors.len() {
         return Err(Error::invalid_argument(format!(
@@ -78,7 +79,14 @@ pub fn check_segments(tensors: &[TensorLife], offsets: &[u64], segment: u64) -> 
             tensors.len()
         )));
     }
+    validate_tensors(tensors)?;
     for (i, (t, &at)) in tensors.iter().zip(offsets).enumerate() {
+        if at.checked_add(t.size).is_none() {
+            return Err(Error::invalid_argument(format!(
+                "tensor {i}: offset {at} plus its {} bytes is past u64",
+                t.size
+            )));
+        }
         if within_segment(at, t.size, segment) != Some(at) {
             return Err(Error::invalid_argument(format!(
                 "tensor {i}: {} bytes at offset {at} cross a seam between buffers of {segment} bytes",

@@ -45,6 +45,16 @@ fn hand_cases_keep_to_the_seams_and_bad_input_is_an_error() {
     }
     assert!(plan_segmented(&[t(0, 0, 0)], 256, 4096, Strategy::Fast).is_err(), "a tensor of 0 bytes");
     assert_eq!(plan_segmented(&[], 256, 4096, Strategy::Fast).unwrap().size(), 0);
+    // The last window of u64, cut off, has no seam above it (what the hostile review found:
+    // these were refused as crossing one).
+    check_segments(&[t(1, 0, 0)], &[u64::MAX - 1], 10).unwrap();
+    check_segments(&[t(1, 0, 0)], &[u64::MAX - 1], 1 << 63).unwrap();
+    let top = plan_segmented(&[t(u64::MAX - 1, 0, 0), t(1, 0, 0)], 1, 10, Strategy::Fast).unwrap();
+    keeps_to_seams(&[t(u64::MAX - 1, 0, 0), t(1, 0, 0)], top.offsets(), 10).unwrap();
+    let e = check_segments(&[t(2, 0, 0)], &[u64::MAX], 10).unwrap_err();
+    assert!(e.to_string().contains("past u64"), "{e}");
+    assert!(check_segments(&[t(0, 0, 0)], &[0], 10).is_err(), "a tensor of 0 bytes");
+    assert!(check_segments(&[t(1, 2, 1)], &[0], 10).is_err(), "first after last");
     // Near u64::MAX: an error, not a wrap.
     let huge = [t(u64::MAX / 2, 0, 0), t(u64::MAX / 2, 0, 0), t(u64::MAX / 2, 0, 0)];
     assert!(plan_segmented(&huge, 1, 1 << 40, Strategy::Fast).is_err());
