@@ -105,9 +105,9 @@
 //! - **`cuda`** (feature `cuda`, native): `CudaAllocator`, `CudaOptions`, `CopyTuning`,
 //!   `loaded_library`, and `api` (cudarc).
 //! - **[`snapshot`]**: where the memory went, as a versioned JSON document: `Snapshot`,
-//!   `DeviceSnapshot`, `LiveAllocation`, `TensorNote`, `SegmentNote`, `CachedBlocks`, `PlannedBuffer`,
-//!   `MemoryReport`,
-//!   `HistorySnapshot`, `Event`, `EventKind`, `CopyCounts`, `Count`, `FORMAT`, `VERSION`.
+//!   `DeviceSnapshot`, `LiveAllocation`, `TensorNote`, `SegmentNote`, `CachedBlocks`,
+//!   `PlannedBuffer`, `MemoryReport`, `HistorySnapshot`, `Event`, `EventKind`, `CopyCounts`,
+//!   `Count`, `FORMAT`, `VERSION`.
 //! - **[`backend`]**: writing a backend of your own: `Storage`, `Pool`, `PooledAllocator`,
 //!   `Pooled` (which also reaches a built-in allocator's pools), `BlockRef`, the built-in
 //!   storages.

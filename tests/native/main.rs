@@ -1,6 +1,6 @@
 //! Every native test of devalloc, in one binary (the conformance suite, `conformance`, compiles
 //! once): the suite and the hostile model check on host memory (`host`), the contract's edges (`contract`),
-//! the planner (`plan`, `plan_search`), its CSV reader and replay under hostile input (`inputs`), the pool's
+//! the planner (`plan`, `plan_search`, `plan_segments`), its CSV reader and replay under hostile input (`inputs`), the pool's
 //! policy (`pool_policy`), its cache budget (`pool_budget`; hostile: `pool_budget_hostile`) and split blocks (`pool_split`; hostile: `split_hostile`, `split_real`), the registry (`registry`), wgpu on lavapipe and llvmpipe (`wgpu`), a
 //! wgpu app that adopts devalloc (`wgpu_app`) and loses its device (`wgpu_app_loss`; mid-stream: `stream_loss`), an app's hostile ways with it (panicking map
 //! callbacks, async copies dropped mid-map: `wgpu_hostile`), wgpu copies under hostile use
