@@ -76,16 +76,15 @@ proptest! {
     }
 }
 
-/// The corpus of real model histories (tests/data/traces/corpus), each plan's buffer cut into
-/// segments of a quarter of its lower bound (a model four buffers long): every plan keeps to
-/// the seams, and the seams' price over the unconstrained plan (printed per model) stays
-/// where it was measured: median 1.048x, worst 1.286x (ResNet-50's 12 MiB activations, under
-/// four to a segment: a segment's tail that no tensor fits is lost). The planner is
-/// deterministic, so these are the same on any machine.
+/// The project's model traces (tests/data/traces, shipped with the package), each plan's
+/// buffer cut into segments of a quarter of its lower bound (a model four buffers long): every
+/// plan keeps to the seams, and the seams' price over the unconstrained plan stays where it was
+/// measured (worst 1.049x, `decode.csv`; the planner is deterministic). The corpus's 24 models
+/// are `examples/plan_segments`' to measure, in `scripts/test` (median 1.048x, worst 1.286x).
 #[test]
 fn model_plans_in_four_segments_cost_little_over_one_buffer() {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/traces/corpus");
-    let (mut seen, mut worst, mut costs) = (0, 0f64, Vec::new());
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/traces");
+    let (mut seen, mut worst) = (0, 0f64);
     let mut files: Vec<_> = std::fs::read_dir(dir).unwrap().flatten().map(|e| e.path()).collect();
     files.sort();
     for path in files.into_iter().filter(|p| p.extension().is_some_and(|e| e == "csv")) {
@@ -99,22 +98,13 @@ fn model_plans_in_four_segments_cost_little_over_one_buffer() {
         keeps_to_seams(&inst.tensors, p.offsets(), seg).unwrap();
         let cost = p.size() as f64 / free.size() as f64;
         println!(
-            "plan_segmented: {name} segment={seg} size={} free={} lb={} cost={cost:.3}x method={:?}",
+            "plan_segmented: {name} segment={seg} size={} free={} cost={cost:.3}x",
             p.size(),
-            free.size(),
-            p.lower_bound(),
-            p.method()
+            free.size()
         );
         worst = worst.max(cost);
-        costs.push(cost);
         seen += 1;
     }
-    costs.sort_by(f64::total_cmp);
-    println!(
-        "plan_segmented: {seen} models, median {:.3}x, worst {worst:.3}x the unconstrained plan",
-        costs[seen / 2]
-    );
-    assert!(seen >= 20, "the corpus has {seen} models");
-    assert!(worst <= 1.30, "a model's plan in segments costs {worst:.3}x its plan in one buffer");
-    assert!(costs[seen / 2] <= 1.06, "the median model's plan costs {:.3}x", costs[seen / 2]);
+    assert_eq!(seen, 5, "the project's five model traces");
+    assert!(worst <= 1.06, "a model's plan in segments costs {worst:.3}x its plan in one buffer");
 }
