@@ -171,7 +171,11 @@ fn bench(name: &str, backend: wgpu::Backend, seg: u64) -> Result<(), Box<dyn std
     let data: Vec<u8> = (0..size).map(|i| (i * 31 % 251) as u8).collect();
     let mut back = vec![0u8; size];
     let (pw, ps) = (whole.allocate(size, 0, 256)?, split.allocate(size, 0, 256)?);
-    assert_eq!((whole.segments(pw, 0, 0)?.len(), split.segments(ps, size as u64, 0)?.len() >= 4), (1, true));
+    let parts = split.segments(ps, size as u64, 0)?.len();
+    let want = (size as u64).div_ceil(seg) as usize;
+    if whole.segments(pw, 0, 0)?.len() != 1 || parts != want {
+        return Err(format!("{name}: {parts} parts of {} MiB, expected {want}", seg >> 20).into());
+    }
     let (mut up, mut down) = ([Vec::new(), Vec::new()], [Vec::new(), Vec::new()]);
     for _ in 0..ROUNDS {
         for (k, (a, p)) in [(&whole, pw), (&split, ps)].into_iter().enumerate() {
@@ -190,7 +194,6 @@ fn bench(name: &str, backend: wgpu::Backend, seg: u64) -> Result<(), Box<dyn std
         let memory = a.snapshot().ok()?.devices.into_iter().next()?.device_memory?;
         memory.backend_reserved_bytes
     };
-    let parts = split.segments(ps, size as u64, 0)?.len();
     println!(
         "# a 64 MiB copy into one buffer and into {} MiB segments ({parts} parts), {name}, median of {ROUNDS}, interleaved, verified",
         seg >> 20

@@ -102,10 +102,10 @@ pub(crate) fn best_fit_within(
             let cur = p_off[k];
             if cur >= prev {
                 let gap = cur - prev;
-                let at = within_segment(prev, t.size, seam);
-                let fits = at.and_then(|a| a.checked_add(t.size)).is_some_and(|end| end <= cur);
-                if fits && best.is_none_or(|(g, _)| gap < g) {
-                    best = Some((gap, at.unwrap_or(prev)));
+                let at = within_segment(prev, t.size, seam)
+                    .filter(|a| a.checked_add(t.size).is_some_and(|e| e <= cur));
+                if let Some(at) = at.filter(|_| best.is_none_or(|(g, _)| gap < g)) {
+                    best = Some((gap, at));
                 }
             }
             prev = prev.max(p_top[k]);

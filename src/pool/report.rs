@@ -51,19 +51,11 @@ impl<S: Storage> Pool<S> {
     }
 
     /// The device buffers of a live allocation, where it lies in several (offsets from its
-    /// start: a segmented block is never split, so the allocation starts where it does).
+    /// start, which is the block's: only storages that never split have segments).
     fn segments_of(&self, l: &Live<S>) -> Vec<SegmentNote> {
-        let mut offset = 0u64;
         let sizes = self.storage.segment_sizes(&l.block);
-        let at = l.at();
-        sizes
-            .into_iter()
-            .map(|size| {
-                let note = SegmentNote { offset: offset.saturating_sub(at), size };
-                offset += size;
-                note
-            })
-            .collect()
+        let offsets = sizes.iter().scan(0, |at, &size| Some(std::mem::replace(at, *at + size)));
+        offsets.zip(&sizes).map(|(offset, &size)| SegmentNote { offset, size }).collect()
     }
 
     /// A readable summary: stats, then each live allocation.
