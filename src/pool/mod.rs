@@ -27,9 +27,10 @@
 //!   see `repeats.rs`) is planned from one repetition once it has been seen twice (see
 //!   `settle.rs`), where a repetition is the live count rising above some level and coming
 //!   back to it with the same allocations and frees, 32 allocations or more (a step or a
-//!   layer, not two neighbouring ops that happen to match: shorter or multi-part periods were
-//!   mostly coincidences on the corpus, and plans made from them held up to 2.9x the lower
-//!   bound). Temporaries one at a time with nothing held around them are no such repetition:
+//!   layer, not two neighbouring ops that happen to match: shorter periods of several
+//!   excursions were mostly coincidences on the corpus, and plans made from them held up to
+//!   2.9x the lower bound), or several such excursions in a row, 512 allocations or more
+//!   together, that repeat only as a whole (a serving loop whose requests differ). Temporaries one at a time with nothing held around them are no such repetition:
 //!   the budget holds them to the largest, and sizes given back are asked for again. A planned
 //!   workload asks the device for nothing after its first planned repetition where each
 //!   repetition is the same. Where blocks split ([`Storage::splits`]: host memory and CUDA),
