@@ -25,7 +25,12 @@ const HOST_BLOCK_ALIGNMENT: u64 = 64;
 /// One block of host memory. Reads take the lock shared, writes exclusive, so concurrent
 /// copies into one block never race.
 pub struct HostBlock {
+    /// The block's first byte, aligned to what was asked for.
     ptr: NonNull<u8>,
+    /// Its size in bytes.
+    size: usize,
+    /// What the system allocator returned, and the layout it was asked for (`ptr` lies in it).
+    base: NonNull<u8>,
     layout: Layout,
     lock: RwLock<()>,
 }
@@ -40,13 +45,13 @@ impl HostBlock {
     fn check(&self, offset: u64, len: usize) -> Result<usize> {
         let offset = usize::try_from(offset).map_err(|_| Error::invalid_argument("offset exceeds usize"))?;
         match offset.checked_add(len) {
-            Some(end) if end <= self.layout.size() => Ok(offset),
+            Some(end) if end <= self.size => Ok(offset),
             _ => Err(Error::OutOfBounds {
                 device: Device::new(DeviceType::Cpu, 0),
                 what: "a host block".into(),
                 offset: offset as u64,
                 len: len as u64,
-                size: self.layout.size() as u64,
+                size: self.size as u64,
             }),
         }
     }
@@ -69,8 +74,8 @@ impl HostBlock {
 
 impl Drop for HostBlock {
     fn drop(&mut self) {
-        // SAFETY: `ptr` was returned by `alloc_zeroed(self.layout)` and is freed only here.
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+        // SAFETY: `base` was returned by `alloc_zeroed(self.layout)` and is freed only here.
+        unsafe { std::alloc::dealloc(self.base.as_ptr(), self.layout) }
     }
 }
 
@@ -108,16 +113,27 @@ impl Storage for HostStorage {
         let size = usize::try_from(capacity).map_err(|_| Error::invalid_argument("size exceeds usize"))?;
         let align = usize::try_from(alignment.max(HOST_BLOCK_ALIGNMENT))
             .map_err(|_| Error::invalid_argument("alignment exceeds usize"))?;
-        let layout = Layout::from_size_align(size, align)
-            .map_err(|e| Error::invalid_argument(format!("{size} bytes aligned to {align}: {e}")))?;
+        // The system allocator's own alignment, with room to align within: zeroed memory of an
+        // alignment past the system's (16 bytes) is `posix_memalign` and a `memset` of every
+        // byte, where `calloc` gets a large block as fresh pages, zero already (a 1 GiB block
+        // in microseconds, not a tenth of a second).
+        let layout = size
+            .checked_add(align - 1)
+            .and_then(|n| Layout::from_size_align(n, 1).ok())
+            .ok_or_else(|| Error::invalid_argument(format!("{size} bytes aligned to {align}: too large")))?;
         // SAFETY: `layout` has a non-zero size (the pool never asks for 0 bytes).
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(ptr).ok_or_else(|| Error::OutOfMemory {
+        let base = unsafe { std::alloc::alloc_zeroed(layout) };
+        let base = NonNull::new(base).ok_or_else(|| Error::OutOfMemory {
             requested: capacity,
             device: self.device(),
             detail: "the system allocator returned null".into(),
         })?;
-        Ok(HostBlock { ptr, layout, lock: RwLock::new(()) })
+        // (`align_offset` may say "never" (usize::MAX); the address's own remainder cannot.)
+        let offset = (align - base.as_ptr().addr() % align) % align;
+        // SAFETY: `offset` < `align`, so `ptr..ptr + size` lies in the allocation's
+        // `size + align - 1` bytes.
+        let ptr = unsafe { base.add(offset) };
+        Ok(HostBlock { ptr, size, base, layout, lock: RwLock::new(()) })
     }
 
     fn write(&self, block: &HostBlock, offset: u64, src: &[u8]) -> Result<()> {
@@ -219,7 +235,7 @@ impl HostAllocator {
         let offset =
             usize::try_from(at.offset).map_err(|_| Error::invalid_argument("offset exceeds usize"))?;
         // SAFETY: `block_at` checked `offset + nbytes` against the live allocation, which lies
-        // inside its block's `layout.size()` bytes starting at `ptr`.
+        // inside its block's `size` bytes starting at `ptr`.
         Ok(unsafe { at.block.ptr.add(offset) })
     }
 }

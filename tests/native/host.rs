@@ -123,3 +123,26 @@ fn ragged_async_copies_between_and_within_allocations_yield_every_4_mib() {
     a.deallocate(p, 0).unwrap();
     a.deallocate(q, 0).unwrap();
 }
+
+#[test]
+fn fresh_blocks_read_as_zero_and_their_memory_is_aligned() {
+    // Fresh host memory is zeroed (the docs' promise), at every size the system allocator
+    // serves differently: from its heap, and as fresh pages (past its mmap threshold, 32 MiB at
+    // most), beside a block freed dirty. And the memory behind an allocation is aligned to a
+    // cache line, however the system allocator aligned the block.
+    let a = HostAllocator::with_options(PoolOptions { caching: false, ..PoolOptions::default() }).unwrap();
+    // (Under Miri, which runs this module, the small sizes only: 40 MiB would take it minutes.)
+    let sizes: &[usize] = if cfg!(miri) { &[1, 4096 + 3] } else { &[1, 4096 + 3, 1 << 20, 40 << 20] };
+    for &n in sizes {
+        let dirty = a.allocate(n, 0, DEFAULT_ALIGNMENT).unwrap();
+        a.copy_host_to_device(dirty, &vec![0xa5u8; n], 0).unwrap();
+        a.deallocate(dirty, 0).unwrap();
+        let p = a.allocate(n, 0, DEFAULT_ALIGNMENT).unwrap();
+        let mut back = vec![1u8; n];
+        a.copy_device_to_host(&mut back, p, 0).unwrap();
+        assert!(back.iter().all(|&b| b == 0), "{n} bytes: fresh memory holds old bytes");
+        let at = a.host_address(p, n, 0).unwrap().as_ptr() as usize;
+        assert_eq!(at % 64, 0, "{n} bytes at {at:#x}");
+        a.deallocate(p, 0).unwrap();
+    }
+}
