@@ -148,15 +148,16 @@ impl Repeats {
         (hash, b.events - a.events)
     }
 
-    /// Whether the last `p` long excursions at `level` (the last one just ended) and the short
-    /// ones between them are the same events as the `p` before them, of at least
-    /// [`MIN_PERIOD_EVENTS`] where `p` > 1.
+    /// Whether the last `p` (> 1) long excursions at `level` (the last one just ended) and the
+    /// short ones between them are the same events as the `p` before them, of at least
+    /// [`MIN_PERIOD_EVENTS`]. (A period of one is `last`'s comparison, which also reaches across
+    /// a fall below the level.)
     fn periodic(&self, level: usize, p: usize) -> bool {
         let runs = &self.runs[level];
         let Some(first) = runs.len().checked_sub(2 * p) else { return false };
         let (a, b) =
             (Self::stretch(&runs[first], &runs[first + p]), Self::stretch(&runs[first + p], &self.now()));
-        a == b && (p == 1 || b.1 >= MIN_PERIOD_EVENTS)
+        a == b && b.1 >= MIN_PERIOD_EVENTS
     }
 
     /// A free of an allocation of `size` bytes. Where it ends a period that repeats the one
