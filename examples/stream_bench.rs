@@ -3,7 +3,8 @@
 //!
 //! - `read+upload`: the whole file read into memory (`std::fs::read`), then one upload;
 //! - `mmap+upload`: the file mapped (`memmap2`), one upload from the map, as candle loads;
-//! - `stream`: `devalloc::stream::write_from_reader` from the open file, through its window.
+//! - `stream`: `devalloc::stream::write_from_reader` from the open file (through its window, or
+//!   in place where the allocator fills its memory so: wgpu's staged route).
 //!
 //! Each upload is devalloc's `copy_host_to_device` (its staged route, which `examples/bench`
 //! holds against `queue.write_buffer` and `StagingBelt`), so the methods differ only in how the

@@ -239,6 +239,32 @@ pub trait DeviceAllocator: WasmNotSendSync {
         Box::pin(std::future::ready(self.copy_device_to_host(dst, src, index)))
     }
 
+    /// Fills `nbytes` at `dst` in place, for streamed copies ([`crate::stream`]): hands `fill`
+    /// host memory of the backend's own whose bytes become the range's (wgpu's staged route:
+    /// a mapped staging buffer, copied to the range on the GPU), one piece of at most `piece`
+    /// bytes at a time, in order, so that a reader reads straight into it and no copy of the
+    /// caller's stands between. `fill` returns how many bytes at the piece's start it wrote
+    /// (a count past the piece counts as the piece); fewer than the piece holds ends the fill
+    /// once they have landed, and what it wrote past its count never reaches the range. It is
+    /// handed the next piece only once the one before has landed, holding no lock of the
+    /// allocator's, so it may call the allocator. Returns the bytes landed and, if a copy
+    /// failed or the range was freed meanwhile, that error (what landed before it stays). The
+    /// range is checked first, as a copy checks it, and again before each piece.
+    ///
+    /// `None` (the default) where the backend has no such route for this range: the caller
+    /// copies from memory of its own instead, with [`DeviceAllocator::copy_host_to_device`].
+    fn fill_in_place(
+        &self,
+        dst: DevicePtr,
+        nbytes: usize,
+        index: DeviceIndex,
+        piece: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> usize,
+    ) -> Option<(u64, Result<()>)> {
+        let _ = (dst, nbytes, index, piece, fill);
+        None
+    }
+
     /// Gives every cached block of every device back to the device (as PyTorch's
     /// `empty_cache`); returns the bytes given back. Live allocations are untouched. Default:
     /// nothing is cached, 0.

@@ -279,6 +279,22 @@ impl<T: Pooled> DeviceAllocator for T {
         Box::pin(self.pooled().copy_d2d(dst, dst_index, src, src_index, nbytes, Mode::Async))
     }
 
+    fn fill_in_place(
+        &self,
+        dst: DevicePtr,
+        nbytes: usize,
+        index: DeviceIndex,
+        piece: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> usize,
+    ) -> Option<(u64, Result<()>)> {
+        let pool = match self.pooled().pool(index) {
+            Ok(p) => p,
+            Err(e) => return Some((0, Err(e))),
+        };
+        let (landed, r) = pool.fill_in_place(dst, len64(nbytes), piece, fill)?;
+        Some((landed, r.map_err(|e| self.pooled().foreign(index, dst, e))))
+    }
+
     fn check_range(&self, ptr: DevicePtr, nbytes: usize, index: DeviceIndex) -> Result<()> {
         let pool = self.pooled().pool(index)?;
         if nbytes == 0 {

@@ -155,6 +155,21 @@ pub trait Storage: WasmNotSendSync {
     /// Reads `dst.len()` bytes at `offset` in `block`.
     fn read(&self, block: &Self::Block, offset: u64, dst: &mut [u8]) -> Result<()>;
 
+    /// Fills `len` bytes at `offset` in `block` in place, piece by piece, as
+    /// [`crate::DeviceAllocator::fill_in_place`] says (the pool has checked the range). `None`
+    /// (the default) where the storage has no such route for this range.
+    fn fill_in_place(
+        &self,
+        block: &Self::Block,
+        offset: u64,
+        len: u64,
+        piece: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> usize,
+    ) -> Option<(u64, Result<()>)> {
+        let _ = (block, offset, len, piece, fill);
+        None
+    }
+
     /// Copies `len` bytes between two blocks of this storage (possibly the same block, with
     /// ranges that may overlap: the result must be as if through a temporary).
     fn copy(

@@ -82,6 +82,59 @@ impl<S: Storage> Pool<S> {
         Ok(())
     }
 
+    /// Fills `len` bytes at `dst` in place (see `DeviceAllocator::fill_in_place`); `None` where
+    /// the storage has no such route. A bad range is `Some` with its error and nothing landed.
+    /// Each piece after the first is checked as a copy would be: a range freed (or given to
+    /// another block) meanwhile ends the fill with its error, as the next copy of a windowed
+    /// stream would.
+    pub fn fill_in_place(
+        &self,
+        dst: DevicePtr,
+        len: u64,
+        piece: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> usize,
+    ) -> Option<(u64, Result<()>)> {
+        if len == 0 {
+            return Some((0, Ok(())));
+        }
+        let r = match self.block_at(dst, len) {
+            Ok(r) => r,
+            Err(e) => return Some((0, Err(e))),
+        };
+        let (mut given, mut stale) = (0u64, None);
+        let mut checked = |buf: &mut [u8]| {
+            if given > 0 {
+                let still = dst.offset_u64(given).and_then(|at| self.block_at(at, len - given));
+                match still {
+                    Ok(now) if Arc::ptr_eq(&now.block, &r.block) => {}
+                    Ok(_) => {
+                        stale = Some(Error::invalid_argument(
+                            "the range was freed and allocated again while it was being filled",
+                        ));
+                        return 0;
+                    }
+                    Err(e) => {
+                        stale = Some(e);
+                        return 0;
+                    }
+                }
+            }
+            let n = fill(buf).min(buf.len());
+            given += n as u64;
+            n
+        };
+        let (landed, done) = self.storage.fill_in_place(&r.block, r.offset, len, piece, &mut checked)?;
+        let done = match stale {
+            Some(e) => done.and(Err(e)),
+            None => done,
+        };
+        let done = self.unless_refused(&r.block, dst, done);
+        if landed > 0 {
+            self.note_copy(CopyKind::HostToDevice, landed);
+        }
+        Some((landed, done))
+    }
+
     /// Reads `dst.len()` bytes at `src`. 0 bytes: Ok without looking at `src`.
     pub fn read(&self, dst: &mut [u8], src: DevicePtr) -> Result<()> {
         if dst.is_empty() {

@@ -22,16 +22,20 @@ pub trait Source: Read {}
 #[cfg(web)]
 impl<T: Read + ?Sized> Source for T {}
 
-/// Fills `len` bytes of device memory from `dst` with the bytes `reader` gives, through a host
-/// window of `options`' size, and returns how many landed (`len`, unless
-/// [`StreamOptions::allow_short`]). A thread reads one half of the window while the caller's
-/// copies the other to the device, so reading overlaps copying (the reader must be `Send`;
-/// the progress callback runs on the caller's thread).
+/// Fills `len` bytes of device memory from `dst` with the bytes `reader` gives, and returns how
+/// many landed (`len`, unless [`StreamOptions::allow_short`]). Where the allocator fills its
+/// memory in place ([`DeviceAllocator::fill_in_place`]: wgpu's staged route), the reader
+/// reads straight into the backend's staging, a piece of the window's size at a time, on the
+/// caller's thread, while the GPU copies the piece before. Elsewhere it goes through a host
+/// window of `options`' size: a thread reads one half while the caller's copies the other to
+/// the device, so reading overlaps copying. The reader must be `Send`; the progress callback
+/// runs on the caller's thread.
 ///
 /// The range is checked first: a bad pointer or range is its own error, and nothing is read.
 /// A reader that fails, ends early, or holds more than the range, and a copy that fails
-/// part-way, are an [`crate::Error::Stream`] saying how many bytes landed; nothing past the range is
-/// ever written, and every other allocation is untouched.
+/// part-way, are an [`crate::Error::Stream`] saying how many bytes landed (everything a failing
+/// reader gave before it failed); nothing past the range is ever written, and every other
+/// allocation is untouched.
 ///
 /// Once the range is full it reads once more, to tell a longer source: a source that stays
 /// open after its last byte (a socket kept alive) holds the call until it ends or fails; give
@@ -48,6 +52,10 @@ pub fn write_from_reader<R: Source + ?Sized, P: FnMut(Progress)>(
 ) -> Result<u64> {
     use std::sync::mpsc::sync_channel;
     let mut fill = Fill::start(alloc, dst, len, index, &options)?;
+    // In place where the allocator can: the reader reads straight into its memory or staging.
+    if let Some(r) = in_place(alloc, &mut fill, index, reader, &mut options) {
+        return r.and_then(|()| fill.finish(&mut options.progress));
+    }
     // Two halves of the window: a thread reads into one while this one copies the other.
     let half = fill.chunk.div_ceil(2);
     let (full_tx, full_rx) = sync_channel::<Read_>(2);
@@ -119,28 +127,25 @@ fn read_ahead<R: Read + ?Sized>(
     while read < len {
         let Ok(mut buf) = empty.recv() else { return };
         let want = (len - read).min(buf.len() as u64) as usize;
-        let (msg, more) = match read_full(reader, &mut buf[..want]) {
-            // The end, on a window's edge: nothing to copy.
-            Ok(0) => (Read_::End, false),
-            Ok(n) => {
-                read += n as u64;
-                (Read_::Data(buf, n), n == want)
-            }
-            Err(e) => (Read_::Failed(e), false),
-        };
-        let ended = matches!(msg, Read_::End);
-        if full.send(msg).is_err() || ended {
+        let (n, failed) = read_full(reader, &mut buf[..want]);
+        read += n as u64;
+        // What it gave before it ended or failed lands first.
+        if n > 0 && full.send(Read_::Data(buf, n)).is_err() {
             return;
         }
-        if !more {
+        if let Some(e) = failed {
+            let _ = full.send(Read_::Failed(e));
+            return;
+        }
+        if n < want {
             let _ = full.send(Read_::End);
             return;
         }
     }
     // Full: one byte more means the source is longer than the range.
-    let msg = match read_full(reader, &mut [0u8; 1]) {
-        Ok(0) => Read_::End,
-        Ok(_) => Read_::Longer,
+    let msg = match one_more(reader) {
+        Ok(false) => Read_::End,
+        Ok(true) => Read_::Longer,
         Err(e) => Read_::Failed(e),
     };
     let _ = full.send(msg);
@@ -157,26 +162,34 @@ pub fn write_from_reader<R: Source + ?Sized, P: FnMut(Progress)>(
     mut options: StreamOptions<P>,
 ) -> Result<u64> {
     let mut fill = Fill::start(alloc, dst, len, index, &options)?;
+    if let Some(r) = in_place(alloc, &mut fill, index, reader, &mut options) {
+        return r.and_then(|()| fill.finish(&mut options.progress));
+    }
     let mut buf = vec![0u8; fill.chunk];
     loop {
         let want = fill.room().min(buf.len() as u64) as usize;
-        let n = read_full(reader, &mut buf[..want]).map_err(|e| fill.read_failed(e))?;
+        let (n, failed) = read_full(reader, &mut buf[..want]);
         if n > 0 {
             fill.land(alloc.copy_host_to_device(fill.at()?, &buf[..n], index), n, &mut options.progress)?;
+        }
+        if let Some(e) = failed {
+            return Err(fill.read_failed(e));
         }
         if n < want || want == 0 {
             break;
         }
     }
-    if fill.room() == 0 && read_full(reader, &mut [0u8; 1]).map_err(|e| fill.read_failed(e))? > 0 {
+    if fill.room() == 0 && one_more(reader).map_err(|e| fill.read_failed(e))? {
         // Full, and one byte more: the source is longer than the range.
         return Err(fill.too_long());
     }
     fill.finish(&mut options.progress)
 }
 
-/// Reads until `buf` is full or the reader ends; the bytes read (fewer only at the end).
-fn read_full<R: Read + ?Sized>(reader: &mut R, buf: &mut [u8]) -> std::io::Result<usize> {
+/// Reads until `buf` is full or the reader ends: the bytes read (fewer only at the end), and
+/// the reader's error if it failed (after those bytes, which land: what a reader gave before
+/// it failed is as good as what it gave before it ended).
+fn read_full<R: Read + ?Sized>(reader: &mut R, buf: &mut [u8]) -> (usize, Option<std::io::Error>) {
     let mut n = 0;
     while n < buf.len() {
         match reader.read(&mut buf[n..]) {
@@ -184,15 +197,73 @@ fn read_full<R: Read + ?Sized>(reader: &mut R, buf: &mut [u8]) -> std::io::Resul
             // A `Read` that claims more than it was given (a broken one): its bytes cannot be
             // trusted, and counting them would run past the buffer.
             Ok(k) if k > buf.len() - n => {
-                return Err(std::io::Error::new(
+                let e = std::io::Error::new(
                     ErrorKind::InvalidData,
                     format!("the reader said it read {k} bytes into a buffer of {}", buf.len() - n),
-                ))
+                );
+                return (n, Some(e));
             }
             Ok(k) => n += k,
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
+            Err(e) => return (n, Some(e)),
         }
     }
-    Ok(n)
+    (n, None)
+}
+
+/// Whether the source holds a byte more once the range is full (`Err`: the reader failed).
+fn one_more<R: Read + ?Sized>(reader: &mut R) -> std::io::Result<bool> {
+    match read_full(reader, &mut [0u8; 1]) {
+        (0, None) => Ok(false),
+        (0, Some(e)) => Err(e),
+        _ => Ok(true),
+    }
+}
+
+/// [`write_from_reader`] where the allocator fills its memory in place
+/// ([`DeviceAllocator::fill_in_place`]): the reader reads straight into each piece, no window
+/// of the caller's between (host memory, wgpu's staged route). `None` where it does not.
+fn in_place<R: Read + ?Sized, P: FnMut(Progress)>(
+    alloc: &dyn DeviceAllocator,
+    fill: &mut Fill,
+    index: DeviceIndex,
+    reader: &mut R,
+    options: &mut StreamOptions<P>,
+) -> Option<Result<()>> {
+    if fill.len == 0 {
+        return None;
+    }
+    let (dst, len, piece) = (fill.dst, usize::try_from(fill.len).ok()?, fill.chunk);
+    let progress = &mut options.progress;
+    let (mut given, mut failed) = (0u64, None);
+    let mut step = |buf: &mut [u8]| {
+        // Handed a piece: the one before has landed.
+        if given > fill.done {
+            let _ = fill.land(Ok(()), (given - fill.done) as usize, progress);
+        }
+        let (n, e) = read_full(reader, buf);
+        failed = e;
+        given += n as u64;
+        n
+    };
+    let (landed, copied) = alloc.fill_in_place(dst, len, index, piece, &mut step)?;
+    // What landed since the last progress call, then a failed copy's error.
+    if landed > fill.done {
+        let _ = fill.land(Ok(()), (landed - fill.done) as usize, progress);
+    }
+    if let Err(e) = copied {
+        let n = given.saturating_sub(landed).max(1) as usize;
+        return Some(fill.land(Err(e), n, progress));
+    }
+    if let Some(e) = failed {
+        return Some(Err(fill.read_failed(e)));
+    }
+    if fill.room() == 0 {
+        match one_more(reader) {
+            Ok(false) => {}
+            Ok(true) => return Some(Err(fill.too_long())),
+            Err(e) => return Some(Err(fill.read_failed(e))),
+        }
+    }
+    Some(Ok(()))
 }

@@ -121,6 +121,7 @@ pub(crate) mod block;
 mod copy;
 mod direct;
 mod gpu;
+mod in_place;
 mod lost;
 mod mapping;
 mod options;

@@ -336,6 +336,17 @@ impl Storage for WgpuStorage {
         self.write_one(block, offset, src)
     }
 
+    fn fill_in_place(
+        &self,
+        block: &WgpuBlock,
+        offset: u64,
+        len: u64,
+        piece: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> usize,
+    ) -> Option<(u64, Result<()>)> {
+        self.fill_one(block, offset, len, piece, fill)
+    }
+
     fn read(&self, block: &WgpuBlock, offset: u64, dst: &mut [u8]) -> Result<()> {
         if block.is_segmented() {
             return self.read_pieces_blocking(block, offset, dst);

@@ -1,6 +1,7 @@
 //! The checks of the conformance suite (see the parent module).
 use devalloc::{DeviceAllocator, DeviceIndex, DevicePtr, Error, PointerProblem, DEFAULT_ALIGNMENT};
 
+pub use super::in_place::fill_in_place;
 pub use super::memory::{history_and_snapshot, repeating_sizes_far_apart, steady_state};
 pub use super::streaming::streaming;
 use super::*;

@@ -20,6 +20,7 @@ pub mod browser_oom;
 #[cfg(target_arch = "wasm32")]
 pub mod browser_stream;
 pub mod checks;
+pub mod in_place;
 #[cfg(not(target_arch = "wasm32"))]
 #[path = "../../examples/support/logging.rs"]
 pub mod logging;
@@ -249,7 +250,7 @@ macro_rules! conformance_tests {
         conformance_tests!(@each $make, $need,
             round_trips, sub_ranges, alignment, stats, bad_inputs, refusals_change_nothing, planned,
             planned_release_frees_all_after_a_failure, device_to_device, foreign_pointers_on_either_end,
-            raii_buffer, history_and_snapshot, streaming);
+            raii_buffer, history_and_snapshot, streaming, fill_in_place);
         conformance_tests!(@caching $make, $need, $caching, steady_state, repeating_sizes_far_apart);
         #[cfg(not(target_arch = "wasm32"))]
         #[test]

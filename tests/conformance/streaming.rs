@@ -200,10 +200,35 @@ async fn from_a_reader(a: &'static dyn DeviceAllocator, i: DeviceIndex, ptr: Dev
     let r =
         write_from_reader(a, ptr, size, i, &mut Failing(&data[..5000]), StreamOptions::new().window(2048));
     let (landed, _, reason) = stream_error(r, "a failing reader");
-    assert_eq!(landed, 4096, "{reason}");
+    // What it gave before it failed lands, to the byte (5,000 is no multiple of a window's half).
+    assert_eq!(landed, 5000, "{reason}");
     assert!(reason.contains("disk read error"), "{reason}");
     let got = read(a, ptr, size, i).await;
-    assert!(got[..4096] == data[..4096] && got[4096..] == before[4096..], "bytes past what landed moved");
+    assert!(got[..5000] == data[..5000] && got[5000..] == before[5000..], "bytes past what landed moved");
+    // The same on a range that starts and ends inside a word, failing inside one.
+    h2d(a, ptr, before, i).await.unwrap();
+    let r = write_from_reader(
+        a,
+        ptr.offset(3).unwrap(),
+        4001,
+        i,
+        &mut Failing(&data[..2999]),
+        StreamOptions::new(),
+    );
+    assert_eq!(stream_error(r, "a failing reader, ragged").0, 2999);
+    let got = read(a, ptr, size, i).await;
+    assert!(
+        got[..3] == before[..3] && got[3..3002] == data[..2999] && got[3002..] == before[3002..],
+        "a ragged fill"
+    );
+    // From a word's start, failing inside a word (wgpu's staged route fills in place, then
+    // writes the last ragged bytes as a ragged copy does).
+    h2d(a, ptr, before, i).await.unwrap();
+    let r =
+        write_from_reader(a, ptr, 4001, i, &mut Failing(&data[..2999]), StreamOptions::new().window(1024));
+    assert_eq!(stream_error(r, "a failing reader, word-aligned").0, 2999);
+    let got = read(a, ptr, size, i).await;
+    assert!(got[..2999] == data[..2999] && got[2999..] == before[2999..], "a fill ending inside a word");
 
     // Too long by one byte; with a known total, refused up front.
     let mut long = data.clone();

@@ -2,7 +2,8 @@
 //! once): the suite and the hostile model check on host memory (`host`), the contract's edges (`contract`),
 //! the planner (`plan`, `plan_search`, `plan_segments`), its CSV reader and replay under hostile input (`inputs`), the pool's
 //! policy (`pool_policy`), its cache budget (`pool_budget`; hostile: `pool_budget_hostile`) and split blocks (`pool_split`; hostile: `split_hostile`, `split_real`), the registry (`registry`), wgpu on lavapipe and llvmpipe (`wgpu`), a
-//! wgpu app that adopts devalloc (`wgpu_app`) and loses its device (`wgpu_app_loss`; mid-stream: `stream_loss`), an app's hostile ways with it (panicking map
+//! wgpu app that adopts devalloc (`wgpu_app`) and loses its device (`wgpu_app_loss`; mid-stream: `stream_loss`), streamed copies under hostile readers
+//! (`hostile_in_place`, on wgpu's in-place route `hostile_in_place_gpu`, progress and totals `hostile_stream_progress`), an app's hostile ways with it (panicking map
 //! callbacks, async copies dropped mid-map: `wgpu_hostile`), wgpu copies under hostile use
 //! (bounded work per async poll, drops at any poll, destroy mid-copy: `wgpu_copies`), what wgpu
 //! holds beneath the pool (bindings after churn, memory hints: `wgpu_memory`), allocations past
@@ -23,6 +24,10 @@ mod contract;
 mod cuda;
 mod fuzz_found;
 mod host;
+mod hostile_in_place;
+#[cfg(feature = "wgpu")]
+mod hostile_in_place_gpu;
+mod hostile_stream_progress;
 mod inputs;
 mod plan;
 mod plan_search;
