@@ -52,7 +52,7 @@ pub fn write_from_reader<R: Source + ?Sized, P: FnMut(Progress)>(
 ) -> Result<u64> {
     use std::sync::mpsc::sync_channel;
     let mut fill = Fill::start(alloc, dst, len, index, &options)?;
-    // In place where the allocator can: the reader reads straight into its memory or staging.
+    // In place where the allocator can: the reader reads straight into its staging.
     if let Some(r) = in_place(alloc, &mut fill, index, reader, &mut options) {
         return r.and_then(|()| fill.finish(&mut options.progress));
     }
@@ -221,8 +221,8 @@ fn one_more<R: Read + ?Sized>(reader: &mut R) -> std::io::Result<bool> {
 }
 
 /// [`write_from_reader`] where the allocator fills its memory in place
-/// ([`DeviceAllocator::fill_in_place`]): the reader reads straight into each piece, no window
-/// of the caller's between (host memory, wgpu's staged route). `None` where it does not.
+/// ([`DeviceAllocator::fill_in_place`]: wgpu's staged route): the reader reads straight into
+/// each piece, no window of the caller's between. `None` where it does not.
 fn in_place<R: Read + ?Sized, P: FnMut(Progress)>(
     alloc: &dyn DeviceAllocator,
     fill: &mut Fill,
