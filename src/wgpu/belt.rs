@@ -172,62 +172,33 @@ impl Belt {
         let mut remapped = None;
         while done < total {
             let n = (total - done).min(self.chunk);
-            remapped = self
-                .send_chunk(gpu, dst, at + done, n, mode, |mut view| {
-                    let mut filled = 0usize;
-                    while (filled as u64) < n {
-                        let piece = src.next_piece((n as usize) - filled);
-                        view.slice(filled..filled + piece.len()).copy_from_slice(piece);
-                        filled += piece.len();
-                    }
-                    n
-                })
-                .await?;
+            let staging = self.take_upload(gpu, mode).await?;
+            {
+                let mut view = staging
+                    .buffer
+                    .get_mapped_range_mut(0..n)
+                    // A buffer made on a device that is no longer valid is invalid itself.
+                    .map_err(|e| {
+                        log::debug!("devalloc: upload staging: {e}");
+                        gpu.settle_loss()
+                    })?;
+                let mut filled = 0usize;
+                while (filled as u64) < n {
+                    let piece = src.next_piece((n as usize) - filled);
+                    view.slice(filled..filled + piece.len()).copy_from_slice(piece);
+                    filled += piece.len();
+                }
+            }
+            gpu.unmap(&staging.buffer);
+            let index = gpu.submit("devalloc upload", |enc| {
+                enc.copy_buffer_to_buffer(&staging.buffer, 0, dst, at + done, n)
+            })?;
+            remapped = self.recycle_upload(gpu, staging, index);
             done += n;
             if done < total && mode == Mode::Async {
                 yield_now().await;
             }
         }
-        Self::after_chunks(gpu, remapped)
-    }
-
-    /// One chunk of an upload: a mapped staging buffer's first `n` bytes handed to `write`,
-    /// which returns how many of them (whole words) to copy to `dst[at..]`; then the buffer is
-    /// unmapped, the copy submitted and the buffer mapped again for the next chunk. Returns
-    /// what [`Belt::recycle_upload`] said, for [`Belt::after_chunks`].
-    pub(super) async fn send_chunk(
-        &self,
-        gpu: &Gpu,
-        dst: &wgpu::Buffer,
-        at: u64,
-        n: u64,
-        mode: Mode,
-        write: impl FnOnce(wgpu::WriteOnly<'_, [u8]>) -> u64,
-    ) -> Result<Option<bool>> {
-        let staging = self.take_upload(gpu, mode).await?;
-        let copy = {
-            let mut view = staging
-                .buffer
-                .get_mapped_range_mut(0..ceil4(n))
-                // A buffer made on a device that is no longer valid is invalid itself.
-                .map_err(|e| {
-                    log::debug!("devalloc: upload staging: {e}");
-                    gpu.settle_loss()
-                })?;
-            write(view.slice(..n as usize))
-        };
-        gpu.unmap(&staging.buffer);
-        let index = if copy > 0 {
-            gpu.submit("devalloc upload", |enc| enc.copy_buffer_to_buffer(&staging.buffer, 0, dst, at, copy))?
-        } else {
-            None
-        };
-        Ok(self.recycle_upload(gpu, staging, index))
-    }
-
-    /// After an upload's chunks: the device's loss where the last staging buffer's re-map said
-    /// it (or, where none was asked for, a poll says it).
-    pub(super) fn after_chunks(gpu: &Gpu, remapped: Option<bool>) -> Result<()> {
         match remapped {
             Some(true) => Ok(()),
             // wgpu refused to map the staging again: the device is gone.

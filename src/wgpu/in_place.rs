@@ -24,8 +24,8 @@ impl WgpuStorage {
         piece: usize,
         fill: &mut dyn FnMut(&mut [u8]) -> usize,
     ) -> Option<(u64, Result<()>)> {
-        // (No blocking map in the browser: `CAN_BLOCK` is false there.)
-        let staged = self.route == Route::Staged && self.gpu.core && Current::CAN_BLOCK;
+        let staged =
+            self.route == Route::Staged && self.gpu.core && Current::CAN_BLOCK && !Current::IN_BROWSER;
         // Pieces are whole words: a piece under a word cannot be honoured.
         if !staged
             || block.is_segmented()
@@ -70,9 +70,8 @@ impl WgpuStorage {
 
 impl Belt {
     /// One piece of an in-place fill: `n` bytes of a mapped staging buffer handed to `fill`,
-    /// then the whole words of what it wrote copied to `dst[at..]` (an upload's chunk, see
-    /// [`Belt::send_chunk`]). Returns the bytes it wrote and the bytes past its last whole
-    /// word (for the caller to write).
+    /// then the whole words of what it wrote copied to `dst[at..]`. Returns the bytes it wrote
+    /// and the bytes past its last whole word (for the caller to write).
     #[allow(unsafe_code)] // one slice over the mapped staging: see its SAFETY note
     fn fill_piece(
         &self,
@@ -82,20 +81,40 @@ impl Belt {
         n: u64,
         fill: &mut dyn FnMut(&mut [u8]) -> usize,
     ) -> Result<(u64, [u8; 4])> {
-        let (mut wrote, mut tail) = (0, [0u8; 4]);
-        let remapped = run_blocking(self.send_chunk(gpu, dst, at, n, Mode::Blocking, |mut view| {
-            let raw = view.as_raw_ptr();
+        let staging = run_blocking(self.take_upload(gpu, Mode::Blocking))?;
+        let mut tail = [0u8; 4];
+        let wrote = {
+            let words = n.next_multiple_of(COPY_ALIGN);
+            let mut view = staging.buffer.get_mapped_range_mut(0..words).map_err(|e| {
+                log::debug!("devalloc: fill staging: {e}");
+                gpu.settle_loss()
+            })?;
+            let mut slice = view.slice(..n as usize);
+            let raw = slice.as_raw_ptr();
             // SAFETY: wgpu mapped these `n` bytes for writing and initialized them (wgpu-core's
             // `map_buffer` zeroes every byte of a mapping not written before, and this staging
-            // buffer is only ever written through such mappings); the view holds the mapping,
-            // and nothing else reaches the buffer until it is unmapped after this closure.
+            // buffer is only ever written through such mappings); `view` holds the mapping, and
+            // nothing else reaches the buffer until it is unmapped below.
             let bytes = unsafe { std::slice::from_raw_parts_mut(raw.as_ptr() as *mut u8, n as usize) };
-            let n = fill(bytes).min(n as usize);
-            let whole = n & !(COPY_ALIGN as usize - 1);
-            tail[..n - whole].copy_from_slice(&bytes[whole..n]);
-            wrote = n as u64;
-            whole as u64
-        }))?;
-        Self::after_chunks(gpu, remapped).map(|()| (wrote, tail))
+            let wrote = fill(bytes).min(n as usize);
+            let whole = wrote & !(COPY_ALIGN as usize - 1);
+            tail[..wrote - whole].copy_from_slice(&bytes[whole..wrote]);
+            wrote as u64
+        };
+        gpu.unmap(&staging.buffer);
+        let whole = floor4(wrote);
+        let index = if whole > 0 {
+            gpu.submit("devalloc upload", |enc| {
+                enc.copy_buffer_to_buffer(&staging.buffer, 0, dst, at, whole)
+            })?
+        } else {
+            None
+        };
+        match self.recycle_upload(gpu, staging, index) {
+            Some(true) => Ok((wrote, tail)),
+            // wgpu refused to map the staging again: the device is gone.
+            Some(false) => Err(gpu.settle_loss()),
+            None => gpu.check_lost().map(|()| (wrote, tail)),
+        }
     }
 }
